@@ -1,0 +1,133 @@
+"""Helpers for producers and for users' own Faust agents.
+
+* :func:`schedule_headers` / :func:`schedule`: hand a record to delayapp with a delay or a
+  due time, from any aiokafka producer or Faust app;
+* :func:`retry_later`: inside a Faust agent, send the current event back later with
+  ``timeRetried`` incremented, under the same retry policy the router enforces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable
+
+from delayapp.core import headers as h
+from delayapp.core.backoff import ExponentialBackoff, backoff_ms
+from delayapp.core.durations import parse_duration
+from delayapp.engine.handler import now_ms
+
+
+def _epoch_ms(when: datetime | int) -> int:
+    return when if isinstance(when, int) else int(when.timestamp() * 1000)
+
+
+def schedule_headers(
+    target: str,
+    *,
+    delay: int | str | None = None,
+    at: datetime | int | None = None,
+    record_id: str | None = None,
+    valid_at: datetime | int | None = None,
+    expire_at: datetime | int | None = None,
+    headers: Iterable[tuple[str, bytes]] = (),
+) -> list[tuple[str, bytes]]:
+    """Kafka headers asking delayapp to deliver to ``target`` after ``delay`` or at ``at``.
+
+    ``delay`` is a duration (``"90s"``, ms as int) counted from the record's timestamp;
+    ``at`` is a datetime or epoch ms. Give exactly one of them.
+    """
+    if (delay is None) == (at is None):
+        raise ValueError("give exactly one of delay= or at=")
+    state = h.DelayHeaders(
+        record_id=record_id,
+        reactivate_to_topic=target,
+        delay_ms=parse_duration(delay) if delay is not None else None,
+        reactivate_at=_epoch_ms(at) if at is not None else None,
+        valid_at=_epoch_ms(valid_at) if valid_at is not None else None,
+        expire_at=_epoch_ms(expire_at) if expire_at is not None else None,
+    )
+    return h.encode(state, headers)
+
+
+async def schedule(
+    producer: Any,
+    target: str,
+    value: bytes | None,
+    *,
+    key: bytes | None = None,
+    ingress_topic: str = "delayapp.ingress",
+    **when: Any,
+) -> Any:
+    """Send ``value`` to delayapp's ingress for delivery to ``target`` (see :func:`schedule_headers`).
+
+    ``producer`` is a started ``aiokafka.AIOKafkaProducer`` or a ``faust.App``.
+    Returns the broker's RecordMetadata of the ingress write.
+    """
+    headers = schedule_headers(target, **when)
+    return await _send(producer, ingress_topic, key, value, headers)
+
+
+async def _send(producer: Any, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> Any:
+    faust_producer = getattr(producer, "producer", None)
+    if faust_producer is not None and hasattr(producer, "agents"):  # a faust.App
+        return await faust_producer.send_and_wait(topic, key, value, None, None, headers)
+    return await producer.send_and_wait(topic, value, key=key, headers=headers)
+
+
+@dataclass(frozen=True)
+class RetryOutcome:
+    """What :func:`retry_later` did: scheduled for ``reactivate_at``, or dead-lettered."""
+
+    record_id: str | None
+    retry: int
+    scheduled: bool
+    reactivate_at: int | None = None
+    reason: str | None = None
+
+
+async def retry_later(
+    event: Any = None,
+    *,
+    backoff: ExponentialBackoff | int | str = ExponentialBackoff(),
+    target: str | None = None,
+    app: Any = None,
+) -> RetryOutcome:
+    """Send the event being processed by a Faust agent back to ``target`` (default: the topic
+    it came from) after a backoff, with ``timeRetried`` + 1.
+
+    Past the configured ``max_retries`` the event goes to the dead-letter topic instead,
+    with reason ``retries-exhausted``. Key, value and other headers are kept.
+    """
+    import faust
+
+    from delayapp.application import app as default_app, layout, settings
+
+    app = app or default_app
+    event = event or faust.current_event()
+    message = event.message
+    raw_headers = message.headers.items() if hasattr(message.headers, "items") else message.headers
+    state, passthrough = h.decode(list(raw_headers or ()))
+    retry = (state.time_retried or 0) + 1
+    now = now_ms()
+    new = state.evolve(
+        time_retried=retry,
+        originated_at=state.originated_at if state.originated_at is not None else now,
+        reactivate_to_topic=target or message.topic,
+        reactivate_at=now + backoff_ms(backoff, retry),
+        delay_ms=None, awake_at=None, delayed_at=None, delay_hops=None,
+    )
+    if retry > settings.max_retries:
+        dead = h.encode(state, passthrough) + [
+            (h.DEAD_LETTER_REASON, b"retries-exhausted"),
+            (h.DEAD_LETTER_DETAIL, f"retry {retry} exceeds the limit of {settings.max_retries}".encode()),
+            (h.DEAD_LETTER_AT, str(now).encode()),
+            (h.DEAD_LETTER_FROM, f"{message.topic}/{message.partition}/{message.offset}".encode()),
+        ]
+        await _send(app, layout.dead_letter, message.key, message.value, dead)
+        return RetryOutcome(state.record_id, retry, scheduled=False, reason="retries-exhausted")
+    await _send(app, layout.ingress, message.key, message.value, h.encode(new, passthrough))
+    return RetryOutcome(state.record_id, retry, scheduled=True, reactivate_at=new.reactivate_at)
+
+
+__all__ = ["ExponentialBackoff", "RetryOutcome", "retry_later", "schedule", "schedule_headers"]

@@ -1,0 +1,181 @@
+"""The header contract: every bit of a record's delay state travels in its Kafka headers.
+
+Values are ASCII decimal epoch milliseconds (or counts, or a topic name), so kcat, Java and
+Go producers can set them without a library. Names are the white paper's:
+
+* irremovable, kept at the target: ``recordId`` (stable logical id), ``originatedAt``,
+  ``timeRetried``, ``validAt``, ``expireAt``;
+* removable, stripped before the target: ``delayedAt``, ``reactivateAt``,
+  ``reactivateToTopic``, ``awakeAt``, plus the producer's relative ``delayMs`` and the
+  engine's ``delayHops`` counter.
+
+Every other header, the key and the value pass through untouched and in order.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields, replace
+from typing import Iterable, Sequence
+
+from delayapp.errors import HeaderError
+
+RECORD_ID = "recordId"
+ORIGINATED_AT = "originatedAt"
+TIME_RETRIED = "timeRetried"
+VALID_AT = "validAt"
+EXPIRE_AT = "expireAt"
+DELAYED_AT = "delayedAt"
+REACTIVATE_AT = "reactivateAt"
+REACTIVATE_TO_TOPIC = "reactivateToTopic"
+AWAKE_AT = "awakeAt"
+DELAY_MS = "delayMs"
+DELAY_HOPS = "delayHops"
+
+IRREMOVABLE = (RECORD_ID, ORIGINATED_AT, TIME_RETRIED, VALID_AT, EXPIRE_AT)
+REMOVABLE = (DELAYED_AT, REACTIVATE_AT, REACTIVATE_TO_TOPIC, AWAKE_AT, DELAY_MS, DELAY_HOPS)
+DELAY_HEADERS = IRREMOVABLE + REMOVABLE
+
+# Dead-letter records keep the original key, value and headers and add these.
+DEAD_LETTER_REASON = "deadLetterReason"
+DEAD_LETTER_DETAIL = "deadLetterDetail"
+DEAD_LETTER_AT = "deadLetterAt"
+DEAD_LETTER_FROM = "deadLetterFrom"
+
+# Largest epoch-ms timestamp accepted: 9999-12-31T23:59:59.999Z. Beyond it is a bug, not a date.
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+MAX_COUNT = 1_000_000
+MAX_RECORD_ID_LENGTH = 200
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_RECORD_ID = re.compile(r"^[\x21-\x7e]+$")
+
+Headers = Sequence[tuple[str, bytes | None]]
+HeaderList = list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class DelayHeaders:
+    """A record's delay state, decoded. ``None`` means the header is absent."""
+
+    record_id: str | None = None
+    originated_at: int | None = None
+    time_retried: int | None = None
+    valid_at: int | None = None
+    expire_at: int | None = None
+    delayed_at: int | None = None
+    reactivate_at: int | None = None
+    reactivate_to_topic: str | None = None
+    awake_at: int | None = None
+    delay_ms: int | None = None
+    delay_hops: int | None = None
+
+    def evolve(self, **changes: object) -> "DelayHeaders":
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    def irremovable(self) -> "DelayHeaders":
+        """Only the headers that stay on the record at its target."""
+        return DelayHeaders(
+            record_id=self.record_id,
+            originated_at=self.originated_at,
+            time_retried=self.time_retried,
+            valid_at=self.valid_at,
+            expire_at=self.expire_at,
+        )
+
+
+_FIELD_BY_HEADER = {
+    RECORD_ID: "record_id",
+    ORIGINATED_AT: "originated_at",
+    TIME_RETRIED: "time_retried",
+    VALID_AT: "valid_at",
+    EXPIRE_AT: "expire_at",
+    DELAYED_AT: "delayed_at",
+    REACTIVATE_AT: "reactivate_at",
+    REACTIVATE_TO_TOPIC: "reactivate_to_topic",
+    AWAKE_AT: "awake_at",
+    DELAY_MS: "delay_ms",
+    DELAY_HOPS: "delay_hops",
+}
+_HEADER_BY_FIELD = {v: k for k, v in _FIELD_BY_HEADER.items()}
+assert set(_HEADER_BY_FIELD) == {f.name for f in fields(DelayHeaders)}
+_COUNTS = {TIME_RETRIED, DELAY_HOPS}
+_TEXTS = {RECORD_ID, REACTIVATE_TO_TOPIC}
+
+
+def _decode_ascii(name: str, raw: bytes | None) -> str:
+    if raw is None:
+        raise HeaderError(name, "has no value (null)")
+    try:
+        text = bytes(raw).decode("ascii")
+    except UnicodeDecodeError:
+        raise HeaderError(name, f"is not ASCII: {bytes(raw)[:40]!r}") from None
+    if not text or text != text.strip():
+        raise HeaderError(name, f"must be non-empty without surrounding spaces, got {text!r}")
+    return text
+
+
+def _decode_number(name: str, raw: bytes | None) -> int:
+    text = _decode_ascii(name, raw)
+    if not text.isdigit():
+        kind = "a count" if name in _COUNTS else "epoch milliseconds"
+        hint = "" if name in _COUNTS else " (seconds or ISO dates are not accepted)"
+        raise HeaderError(name, f"must be a non-negative decimal integer, {kind}{hint}; got {text[:40]!r}")
+    if len(text) > 19:
+        raise HeaderError(name, f"is out of range: {text[:40]}")
+    value = int(text)
+    limit = MAX_COUNT if name in _COUNTS else MAX_TIMESTAMP_MS
+    if value > limit:
+        raise HeaderError(name, f"is out of range: {value} > {limit}")
+    return value
+
+
+def _decode_value(name: str, raw: bytes | None) -> int | str:
+    if name == REACTIVATE_TO_TOPIC:
+        text = _decode_ascii(name, raw)
+        if not _TOPIC_NAME.match(text) or text in (".", ".."):
+            raise HeaderError(name, f"is not a valid Kafka topic name: {text[:80]!r}")
+        return text
+    if name == RECORD_ID:
+        text = _decode_ascii(name, raw)
+        if len(text) > MAX_RECORD_ID_LENGTH or not _RECORD_ID.match(text):
+            raise HeaderError(name, f"must be 1-{MAX_RECORD_ID_LENGTH} printable ASCII characters")
+        return text
+    return _decode_number(name, raw)
+
+
+def decode(headers: Headers | None) -> tuple[DelayHeaders, HeaderList]:
+    """Split Kafka headers into the decoded delay state and the other headers (in order).
+
+    Raises :class:`HeaderError` for a delay header that is repeated, null, non-ASCII,
+    non-decimal or out of range. Other headers are never inspected.
+    """
+    values: dict[str, object] = {}
+    passthrough: HeaderList = []
+    for name, raw in headers or ():
+        field = _FIELD_BY_HEADER.get(name)
+        if field is None:
+            passthrough.append((name, b"" if raw is None else bytes(raw)))
+            continue
+        if field in values:
+            raise HeaderError(name, "appears more than once")
+        values[field] = _decode_value(name, raw)
+    return DelayHeaders(**values), passthrough  # type: ignore[arg-type]
+
+
+def encode(state: DelayHeaders, passthrough: Iterable[tuple[str, bytes]] = ()) -> HeaderList:
+    """Kafka headers for ``state``: the passthrough headers first, then the set delay headers."""
+    out = list(passthrough)
+    for name in DELAY_HEADERS:
+        value = getattr(state, _FIELD_BY_HEADER[name])
+        if value is not None:
+            out.append((name, str(value).encode("ascii")))
+    return out
+
+
+def header_value(headers: Headers | None, name: str) -> bytes | None:
+    """The first value of header ``name`` (raw), or None."""
+    for key, raw in headers or ():
+        if key == name:
+            return None if raw is None else bytes(raw)
+    return None

@@ -1,0 +1,181 @@
+"""Governance and routing: what happens to a record next, as a pure function of its headers.
+
+The router and every delay worker call :func:`route` with the record's decoded headers and
+the current time; it answers one of :class:`Wait`, :class:`Enqueue` (next hop),
+:class:`Deliver` (to ``reactivateToTopic``) or :class:`DeadLetter` (with a reason). All
+policies are re-checked at every hop, so a record written straight into a delay topic,
+bypassing the router, is held to the same rules (allowed targets above all).
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import uuid
+from dataclasses import dataclass
+from typing import Container
+
+from delayapp.core.durations import format_duration
+from delayapp.core.headers import DelayHeaders
+from delayapp.core.planner import Hop, Planner
+
+
+class Reason(str, enum.Enum):
+    """Why a record was dead-lettered; the value goes into the ``deadLetterReason`` header."""
+
+    MALFORMED_HEADER = "malformed-header"
+    MISSING_TARGET = "missing-target"
+    MISSING_DUE_TIME = "missing-due-time"
+    CONFLICTING_DUE_TIME = "conflicting-due-time"
+    TARGET_NOT_ALLOWED = "target-not-allowed"
+    TARGET_LOOP = "target-loop"
+    UNKNOWN_TARGET = "unknown-target"
+    RETRIES_EXHAUSTED = "retries-exhausted"
+    EXPIRED = "expired"
+    EXPIRES_BEFORE_DUE = "expires-before-due"
+    DELAY_TOO_LONG = "delay-too-long"
+    UNDELIVERABLE = "undeliverable"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The governance rules one deployment applies to every record.
+
+    ``allowed_targets`` are shell-style patterns (``orders.*``); ``reserved_topics`` and
+    ``reserved_prefixes`` name delayapp's own topics, which are never valid targets.
+    """
+
+    max_delay_ms: int
+    max_retries: int
+    allowed_targets: tuple[str, ...] = ("*",)
+    reserved_topics: frozenset[str] = frozenset()
+    reserved_prefixes: tuple[str, ...] = ()
+
+    def check_target(self, topic: str | None, known_topics: Container[str] | None = None) -> "DeadLetter | None":
+        """None if ``topic`` may receive records, else the dead-letter verdict saying why."""
+        if not topic:
+            return DeadLetter(Reason.MISSING_TARGET, "no reactivateToTopic header: the record has no destination")
+        if topic in self.reserved_topics or topic.startswith(self.reserved_prefixes):
+            return DeadLetter(Reason.TARGET_LOOP, f"target {topic!r} is one of delayapp's own topics")
+        if not any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.allowed_targets):
+            return DeadLetter(
+                Reason.TARGET_NOT_ALLOWED,
+                f"target {topic!r} matches none of the allowed targets {list(self.allowed_targets)}",
+            )
+        if known_topics is not None and topic not in known_topics:
+            return DeadLetter(Reason.UNKNOWN_TARGET, f"target topic {topic!r} does not exist")
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """The record is not due: its partition waits until ``until_ms``."""
+
+    until_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """Take ``hop``; ``state`` carries the new ``awakeAt`` and hop count."""
+
+    hop: Hop
+    state: DelayHeaders
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Write to ``topic`` now with ``state`` (irremovable headers only); ``due_ms`` for lateness."""
+
+    topic: str
+    state: DelayHeaders
+    due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Send to the dead-letter topic with a reason and a human detail."""
+
+    reason: Reason
+    detail: str
+
+
+Step = Wait | Enqueue | Deliver | DeadLetter
+
+
+def stable_record_id(topic: str, partition: int, offset: int, timestamp_ms: int) -> str:
+    """A logical id derived from where a record entered, so re-processing assigns the same id."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kafka:{topic}/{partition}/{offset}/{timestamp_ms}"))
+
+
+def admit(state: DelayHeaders, *, now_ms: int, record_timestamp_ms: int, record_id: str) -> DelayHeaders | DeadLetter:
+    """Normalise a record entering through the ingress topic.
+
+    Fixes the absolute due time (``reactivateAt`` given, or ``delayMs`` after the record's
+    timestamp, or ``validAt`` alone), and stamps ``recordId``, ``originatedAt``,
+    ``timeRetried`` and ``delayedAt`` when absent. Irremovable headers already present are
+    never changed.
+    """
+    if state.reactivate_at is not None and state.delay_ms is not None:
+        return DeadLetter(Reason.CONFLICTING_DUE_TIME, "give either reactivateAt or delayMs, not both")
+    if state.reactivate_at is not None:
+        due = state.reactivate_at
+    elif state.delay_ms is not None:
+        # Relative to when the producer wrote it; a clock ahead of ours counts from now.
+        base = record_timestamp_ms if 0 < record_timestamp_ms <= now_ms else now_ms
+        due = base + state.delay_ms
+    elif state.valid_at is not None:
+        due = state.valid_at
+    else:
+        return DeadLetter(Reason.MISSING_DUE_TIME, "no reactivateAt, delayMs or validAt header: when is it due?")
+    return state.evolve(
+        record_id=state.record_id or record_id,
+        originated_at=state.originated_at if state.originated_at is not None else now_ms,
+        time_retried=state.time_retried if state.time_retried is not None else 0,
+        delayed_at=state.delayed_at if state.delayed_at is not None else now_ms,
+        reactivate_at=due,
+        delay_ms=None,
+        awake_at=None,
+        delay_hops=state.delay_hops or 0,
+    )
+
+
+def route(
+    state: DelayHeaders,
+    *,
+    now_ms: int,
+    planner: Planner,
+    policy: Policy,
+    known_topics: Container[str] | None = None,
+) -> Step:
+    """Decide the next step of an admitted record at ``now_ms``. Never releases early."""
+    if state.awake_at is not None and now_ms < state.awake_at:
+        return Wait(state.awake_at)
+    verdict = policy.check_target(state.reactivate_to_topic, known_topics)
+    if verdict is not None:
+        return verdict
+    if state.reactivate_at is None:
+        return DeadLetter(Reason.MISSING_DUE_TIME, "no reactivateAt header on a delayed record")
+    retried = state.time_retried or 0
+    if retried > policy.max_retries:
+        return DeadLetter(Reason.RETRIES_EXHAUSTED, f"timeRetried {retried} exceeds the limit of {policy.max_retries}")
+    due = max(state.reactivate_at, state.valid_at or 0)
+    if state.expire_at is not None:
+        if state.valid_at is not None and state.valid_at >= state.expire_at:
+            return DeadLetter(Reason.EXPIRES_BEFORE_DUE, f"validAt {state.valid_at} is not before expireAt {state.expire_at}")
+        if now_ms >= state.expire_at:
+            return DeadLetter(Reason.EXPIRED, f"expireAt {state.expire_at} passed {now_ms - state.expire_at} ms ago")
+        if due >= state.expire_at:
+            return DeadLetter(Reason.EXPIRES_BEFORE_DUE, f"due at {due} but expires at {state.expire_at}")
+    remaining = due - now_ms
+    if remaining > policy.max_delay_ms:
+        return DeadLetter(
+            Reason.DELAY_TOO_LONG,
+            f"due in {format_duration(remaining)}, beyond the maximum delay of {format_duration(policy.max_delay_ms)}",
+        )
+    hop = planner.next_hop(remaining)
+    if hop is None:
+        return Deliver(state.reactivate_to_topic, state.irremovable(), due)  # type: ignore[arg-type]
+    return Enqueue(hop, state.evolve(awake_at=now_ms + hop.duration_ms, delay_hops=(state.delay_hops or 0) + 1))

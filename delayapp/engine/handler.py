@@ -1,0 +1,148 @@
+"""Turns one consumed record into what to produce: the bridge from the pure core to Kafka.
+
+No I/O happens here either; :class:`delayapp.engine.loop.HopLoop` does the producing and
+committing. The same handler serves the router (``ingress=True``: records are admitted
+first) and every delay worker.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Container
+
+import orjson
+
+from delayapp.core import headers as h
+from delayapp.core.planner import Planner
+from delayapp.core.policies import DeadLetter, Deliver, Enqueue, Policy, Reason, Wait, admit, route, stable_record_id
+from delayapp.engine.topics import TopicLayout
+from delayapp.errors import HeaderError
+
+MAX_DETAIL_BYTES = 1_000
+
+
+def now_ms() -> int:
+    """Wall-clock epoch milliseconds: the clock every due time is compared with."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """One step of a logical record, for the audit topic: ids and times, never a payload.
+
+    ``seq`` orders the steps of one record id, so read models can upsert idempotently.
+    """
+
+    record_id: str
+    status: str  # waiting | delivered | dead_lettered
+    at: int
+    seq: int
+    retries: int
+    hops: int
+    target: str | None
+    awake_at: int | None = None
+    reactivate_at: int | None = None
+    lateness_ms: int | None = None
+    reason: str | None = None
+    source: str | None = None
+
+    def encode(self, topic: str, partition: int | None, offset: int | None) -> bytes:
+        """JSON bytes with where the record now is (the topic/partition/offset it was written to)."""
+        body: dict[str, Any] = {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        body.update(topic=topic, partition=partition, offset=offset)
+        return orjson.dumps(body)
+
+
+STAGE = {"waiting": 0, "delivered": 1, "dead_lettered": 2}
+
+
+def audit_seq(retries: int, hops: int, status: str) -> int:
+    """Order of a step within a logical record's life: retries, then hops, then stage."""
+    return (retries * 1_000_000 + hops) * 10 + STAGE[status]
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """One record to produce, with the audit event to publish once it is written."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    audit: AuditEvent | None = None
+
+
+class RecordHandler:
+    """Decides, for each consumed record, to wait, hop, deliver or dead-letter it."""
+
+    def __init__(
+        self,
+        *,
+        layout: TopicLayout,
+        planner: Planner,
+        policy: Policy,
+        known_topics: Callable[[], Container[str] | None] = lambda: None,
+    ) -> None:
+        self.layout = layout
+        self.planner = planner
+        self.policy = policy
+        self.known_topics = known_topics
+
+    def handle(self, record: Any, *, now: int, ingress: bool) -> Wait | list[Output]:
+        """Wait (not due: the partition waits) or the records to produce for ``record``."""
+        source = f"{record.topic}/{record.partition}/{record.offset}"
+        try:
+            state, passthrough = h.decode(record.headers)
+        except HeaderError as exc:
+            return [self.dead_letter(record, DeadLetter(Reason.MALFORMED_HEADER, str(exc)), now=now, state=None)]
+        if ingress:
+            admitted = admit(
+                state,
+                now_ms=now,
+                record_timestamp_ms=record.timestamp or 0,
+                record_id=stable_record_id(record.topic, record.partition, record.offset, record.timestamp or 0),
+            )
+            if isinstance(admitted, DeadLetter):
+                return [self.dead_letter(record, admitted, now=now, state=state)]
+            state = admitted
+        step = route(state, now_ms=now, planner=self.planner, policy=self.policy, known_topics=self.known_topics() if ingress else None)
+        if isinstance(step, Wait):
+            return step
+        if isinstance(step, DeadLetter):
+            return [self.dead_letter(record, step, now=now, state=state)]
+        retries, hops = state.time_retried or 0, state.delay_hops or 0
+        if isinstance(step, Enqueue):
+            new = step.state
+            event = AuditEvent(
+                new.record_id or source, "waiting", now, audit_seq(retries, new.delay_hops or 0, "waiting"), retries,
+                new.delay_hops or 0, new.reactivate_to_topic, awake_at=new.awake_at, reactivate_at=new.reactivate_at, source=source,
+            )
+            topic = self.layout.delay_topic(step.hop.denomination_ms)
+            return [Output(topic, record.key, record.value, h.encode(new, passthrough), event)]
+        assert isinstance(step, Deliver)
+        event = AuditEvent(
+            state.record_id or source, "delivered", now, audit_seq(retries, hops, "delivered"), retries, hops,
+            step.topic, reactivate_at=step.due_ms, lateness_ms=now - step.due_ms, source=source,
+        )
+        return [Output(step.topic, record.key, record.value, h.encode(step.state, passthrough), event)]
+
+    def dead_letter(self, record: Any, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None) -> Output:
+        """The dead-letter copy: original key, value and headers, plus reason and detail."""
+        source = f"{record.topic}/{record.partition}/{record.offset}"
+        detail = verdict.detail.encode("utf-8", "backslashreplace")[:MAX_DETAIL_BYTES]
+        headers = [(k, v) for k, v in (record.headers or ())]
+        headers += [
+            (h.DEAD_LETTER_REASON, verdict.reason.value.encode()),
+            (h.DEAD_LETTER_DETAIL, detail),
+            (h.DEAD_LETTER_AT, str(now).encode()),
+            (h.DEAD_LETTER_FROM, source.encode("utf-8", "backslashreplace")),
+        ]
+        retries = (state.time_retried or 0) if state else 0
+        hops = (state.delay_hops or 0) if state else 0
+        record_id = (state.record_id if state else None) or stable_record_id(record.topic, record.partition, record.offset, record.timestamp or 0)
+        event = AuditEvent(
+            record_id, "dead_lettered", now, audit_seq(retries, hops, "dead_lettered"), retries, hops,
+            state.reactivate_to_topic if state else None, reason=verdict.reason.value, source=source,
+        )
+        return Output(self.layout.dead_letter, record.key, record.value, headers, event)

@@ -1,0 +1,148 @@
+"""The delay engine: one router loop plus one delay worker per denomination, as a mode Service.
+
+Faust starts it with the worker (``app.service``); it can also run on its own (tests, bench).
+Start-up order matters:
+  1. refuse a bad ladder or settings (before touching Kafka);
+  2. create/check topics and refuse retention shorter than records dwell;
+  3. probe what the broker supports (transactions) and say so;
+  4. start the loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Iterable
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from mode import Service
+
+from delayapp.core.headers import REACTIVATE_TO_TOPIC, header_value
+from delayapp.core.planner import Planner
+from delayapp.core.policies import Policy
+from delayapp.engine.handler import RecordHandler
+from delayapp.engine.loop import HopLoop
+from delayapp.engine.topics import TopicLayout, ensure_topics, topic_specs
+from delayapp.errors import BrokerFeatureMissing
+from delayapp.settings import Guarantee, Settings
+
+log = logging.getLogger(__name__)
+
+TOPIC_REFRESH_S = 1.0
+
+
+def build_policy(settings: Settings, layout: TopicLayout) -> Policy:
+    """The governance policy of these settings; delayapp's own topics are never targets."""
+    return Policy(
+        max_delay_ms=settings.max_delay,
+        max_retries=settings.max_retries,
+        allowed_targets=settings.allowed_target_patterns,
+        reserved_topics=frozenset(layout.all_topics),
+        reserved_prefixes=(f"{settings.topic_prefix}.", f"{settings.app_id}-", "__"),
+    )
+
+
+class KnownTopics:
+    """The cluster's topic names, refreshed when an unseen target shows up (at most once a second)."""
+
+    def __init__(self, admin_kwargs: dict[str, Any]) -> None:
+        self._admin_kwargs = admin_kwargs
+        self.names: set[str] = set()
+        self._refreshed = 0.0
+
+    async def refresh(self) -> None:
+        """Re-read the topic list from the cluster."""
+        admin = AIOKafkaAdminClient(**self._admin_kwargs)
+        await admin.start()
+        try:
+            self.names = set(await admin.list_topics())
+        finally:
+            await admin.close()
+        self._refreshed = time.monotonic()
+
+    async def ensure(self, records: Iterable[Any]) -> None:
+        """Refresh if a record targets a topic not seen yet (so new topics are found quickly)."""
+        for record in records:
+            raw = header_value(record.headers, REACTIVATE_TO_TOPIC)
+            if raw is not None and raw.decode("ascii", "replace") not in self.names:
+                if time.monotonic() - self._refreshed >= TOPIC_REFRESH_S:
+                    await self.refresh()
+                return
+
+
+class DelayEngine(Service):
+    """Router + delay workers for one ladder, sharing one topic layout and policy."""
+
+    def __init__(self, *, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.layout = TopicLayout(settings.topic_prefix, settings.ladder)
+        started = time.monotonic()
+        self.planner = Planner(settings.ladder)
+        log.info("planner ready for ladder %s in %.0f ms", settings.ladder, (time.monotonic() - started) * 1000)
+        self.policy = build_policy(settings, self.layout)
+        self.known_topics = KnownTopics(settings.kafka_client_kwargs())
+        check = settings.check_target_exists
+        self.handler = RecordHandler(
+            layout=self.layout,
+            planner=self.planner,
+            policy=self.policy,
+            known_topics=(lambda: self.known_topics.names) if check else (lambda: None),
+        )
+        self.loops: list[HopLoop] = []
+
+    async def on_start(self) -> None:
+        s = self.settings
+        if s.allowed_target_patterns == ("*",):
+            log.warning("allowed targets: * (any topic); set DELAYAPP_ALLOWED_TARGETS to restrict where records may go")
+        await bootstrap_topics(s, self.layout)
+        if s.processing_guarantee is Guarantee.EXACTLY_ONCE:
+            await probe_transactions(s)
+        await self.known_topics.refresh()
+        audit = self.layout.audit if s.audit_enabled else None
+        common = dict(handler=self.handler, settings=s, audit_topic=audit, loop=self.loop, beacon=self.beacon)
+        router = HopLoop(name="router", topic=self.layout.ingress, group_id=f"{s.app_id}.router", ingress=True, **common)
+        router.before_decide = self.known_topics.ensure if s.check_target_exists else None
+        self.loops = [router] + [
+            HopLoop(name=f"delay-{self.settings.ladder.label(d)}", topic=topic, group_id=f"{s.app_id}.{topic.removeprefix(s.topic_prefix + '.')}", **common)
+            for d, topic in self.layout.delay_topics.items()
+        ]
+        for hop_loop in self.loops:
+            await self.add_runtime_dependency(hop_loop)
+        log.info(
+            "delay engine started: ladder %s, guarantee %s, topics %s",
+            s.ladder, s.processing_guarantee.value, ", ".join(self.layout.all_topics),
+        )
+
+    async def wait_running(self, timeout: float = 60.0) -> None:
+        """Wait until every loop has joined its group and is consuming."""
+        await asyncio.wait_for(asyncio.gather(*(lp.running.wait() for lp in self.loops)), timeout)
+
+
+async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]:
+    """Create missing topics and refuse a layout whose retention is too short (see topics.py)."""
+    s = settings
+    admin = AIOKafkaAdminClient(**s.kafka_client_kwargs())
+    await admin.start()
+    try:
+        specs = topic_specs(layout, partitions=s.partitions, margin_ms=s.retention_margin, dead_letter_retention_ms=s.dead_letter_retention)
+        return await ensure_topics(admin, specs, create=s.create_topics, replication_factor=s.replication_factor, margin_ms=s.retention_margin)
+    finally:
+        await admin.close()
+
+
+async def probe_transactions(settings: Settings) -> None:
+    """Refuse exactly_once on a broker without usable transactions, with a clear reason."""
+    producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), transactional_id=f"{settings.topic_prefix}.probe.{settings.worker_instance_id}")
+    try:
+        await asyncio.wait_for(producer.start(), timeout=15)
+    except Exception as exc:
+        raise BrokerFeatureMissing(
+            f"processing_guarantee=exactly_once needs Kafka transactions, which broker {settings.broker} refused "
+            f"({type(exc).__name__}: {exc}); use at_least_once or a Kafka cluster with transactions"
+        ) from None
+    finally:
+        await producer.stop()
+    log.info("broker supports transactions: exactly_once hops enabled (readers must use read_committed)")

@@ -1,0 +1,166 @@
+"""Every setting of delayapp, declared once: type, environment variable, default, doc.
+
+Environment variables are ``DELAYAPP_<NAME>`` (``KAFKA_BROKER`` also sets the broker).
+``python settings.py`` at the repository root prints the table of effective values.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+import ssl
+from functools import cached_property
+from typing import Any
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from delayapp.core.durations import format_duration, parse_duration
+from delayapp.core.ladder import DEFAULT_LADDER, Ladder
+from delayapp.errors import ConfigError
+
+
+class Guarantee(str, enum.Enum):
+    """How hops are made durable."""
+
+    AT_LEAST_ONCE = "at_least_once"
+    EXACTLY_ONCE = "exactly_once"
+
+
+def _ms(value: Any) -> int:
+    try:
+        return parse_duration(value if isinstance(value, (int, str)) else str(value))
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class Settings(BaseSettings):
+    """delayapp's configuration; read from the environment at import of :mod:`delayapp.app`."""
+
+    model_config = SettingsConfigDict(env_prefix="DELAYAPP_", extra="ignore", frozen=True)
+
+    # -- Kafka connection ---------------------------------------------------------------------
+    broker: str = Field(
+        "127.0.0.1:9092",
+        validation_alias=AliasChoices("DELAYAPP_BROKER", "KAFKA_BROKER"),
+        description="Kafka bootstrap servers, host:port[,host:port] (kafka:// prefix allowed)",
+    )
+    security_protocol: str = Field("PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
+    sasl_mechanism: str | None = Field(None, description="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
+    sasl_username: str | None = Field(None, description="SASL user name")
+    sasl_password: SecretStr | None = Field(None, description="SASL password (never logged)")
+    ssl_cafile: str | None = Field(None, description="CA bundle to verify the brokers (SSL, SASL_SSL)")
+    ssl_certfile: str | None = Field(None, description="client certificate for mutual TLS")
+    ssl_keyfile: str | None = Field(None, description="client private key for mutual TLS")
+    session_timeout_ms: int = Field(10_000, description="consumer group session timeout (Tansu joins take half of it)")
+    heartbeat_interval_ms: int = Field(2_500, description="consumer group heartbeat interval")
+    fetch_max_wait_ms: int = Field(100, description="longest a fetch waits for data; bounds hop latency on brokers without long-poll wake-up")
+    replication_factor: int = Field(1, description="replication factor of the topics delayapp creates (3 in production)")
+
+    # -- topology -----------------------------------------------------------------------------
+    app_id: str = Field("delayapp", description="Faust app id: consumer groups, table changelogs")
+    topic_prefix: str = Field("delayapp", description="prefix of delayapp's own topics: <prefix>.ingress, <prefix>.delay.5s, ...")
+    denominations: str = Field(DEFAULT_LADDER, description="the denomination ladder, ascending (one delay topic each)")
+    partitions: int = Field(4, ge=1, description="partitions of each topic delayapp creates")
+    create_topics: bool = Field(True, description="create missing topics at start (else refuse to start)")
+    retention_margin: int = Field(
+        86_400_000, description="retention every topic needs beyond the longest a record dwells in it (duration)"
+    )
+    dead_letter_retention: int = Field(14 * 86_400_000, description="retention of the dead-letter topic (duration)")
+    audit_enabled: bool = Field(True, description="publish the delivery audit stream (ids and times, no payload)")
+
+    # -- governance ---------------------------------------------------------------------------
+    max_delay: int = Field(7 * 86_400_000, description="longest delay accepted (duration); longer is dead-lettered")
+    max_retries: int = Field(10, ge=0, description="highest timeRetried accepted; above is dead-lettered")
+    allowed_targets: str = Field("*", description="comma-separated topic patterns records may be delivered to")
+    check_target_exists: bool = Field(True, description="dead-letter records whose target topic does not exist")
+
+    # -- processing ---------------------------------------------------------------------------
+    processing_guarantee: Guarantee = Field(Guarantee.AT_LEAST_ONCE, description="at_least_once or exactly_once (Kafka transactions)")
+    instance_id: str = Field("", description="stable id of this worker for transactional ids (default: host-webport)")
+    max_batch: int = Field(500, ge=1, description="most records one loop takes per poll")
+
+    # -- Faust --------------------------------------------------------------------------------
+    store: str = Field("memory://", description="Faust table store (memory:// or rocksdb://)")
+    web_host: str = Field("127.0.0.1", description="host of the Faust web server")
+    web_port: int = Field(6066, description="port of the Faust web server")
+
+    @field_validator("retention_margin", "dead_letter_retention", "max_delay", mode="before")
+    @classmethod
+    def _durations(cls, value: Any) -> int:
+        return _ms(value)
+
+    @field_validator("broker", mode="before")
+    @classmethod
+    def _strip_scheme(cls, value: str) -> str:
+        hosts = [h.strip().removeprefix("kafka://") for h in str(value).replace(";", ",").split(",")]
+        return ",".join(h for h in hosts if h)
+
+    # -- derived ------------------------------------------------------------------------------
+
+    @cached_property
+    def ladder(self) -> Ladder:
+        """The validated ladder (raises ConfigError when empty, unsorted or duplicated)."""
+        return Ladder.parse(self.denominations)
+
+    @property
+    def allowed_target_patterns(self) -> tuple[str, ...]:
+        """``allowed_targets`` split into patterns."""
+        return tuple(p.strip() for p in self.allowed_targets.split(",") if p.strip())
+
+    @property
+    def worker_instance_id(self) -> str:
+        """This worker's stable id: set explicitly, or host name plus web port (unique per host)."""
+        return self.instance_id or f"{socket.gethostname()}-{self.web_port}"
+
+    def kafka_client_kwargs(self) -> dict[str, Any]:
+        """Connection and security keyword arguments shared by every aiokafka client."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.broker,
+            "security_protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = self.sasl_password.get_secret_value() if self.sasl_password else None
+        if "SSL" in self.security_protocol:
+            kwargs["ssl_context"] = self.ssl_context()
+        return kwargs
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A TLS context from the CA, certificate and key files."""
+        context = ssl.create_default_context(cafile=self.ssl_cafile)
+        if self.ssl_certfile:
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        return context
+
+    def describe(self) -> list[tuple[str, str, str, str]]:
+        """Rows of (env var, effective value, default, description); secrets masked."""
+        rows = []
+        for name, field in type(self).model_fields.items():
+            alias = field.validation_alias
+            env = " / ".join(alias.choices) if isinstance(alias, AliasChoices) else f"DELAYAPP_{name.upper()}"
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                value = "********"
+            elif name in ("retention_margin", "dead_letter_retention", "max_delay"):
+                value = format_duration(value)
+            default = field.default.value if isinstance(field.default, enum.Enum) else field.default
+            if name in ("retention_margin", "dead_letter_retention", "max_delay"):
+                default = format_duration(default)
+            rows.append((env, str(value.value if isinstance(value, enum.Enum) else value), str(default), field.description or ""))
+        return rows
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment, with keyword overrides (tests use these)."""
+    try:
+        return Settings(**overrides)
+    except Exception as exc:  # pydantic's ValidationError: say it as a config error
+        raise ConfigError(f"invalid delayapp settings: {exc}") from None
+
+
+def env_flag(name: str) -> bool:
+    """True when environment variable ``name`` is set to 1/true/yes."""
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")

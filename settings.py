@@ -1,0 +1,12 @@
+"""delayapp's settings, as the design card places them at the repository root.
+
+The declarations live in :mod:`delayapp.settings` (one place, imported by the app);
+run ``python settings.py`` to print every setting with its environment variable,
+effective value, default and description.
+"""
+
+from delayapp.settings import Guarantee, Settings, load_settings  # noqa: F401  (re-exported)
+
+if __name__ == "__main__":
+    for env, value, default, doc in load_settings().describe():
+        print(f"{env:34} {value:28} (default {default}) {doc}")
