@@ -66,6 +66,7 @@ class _Rebalance(ConsumerRebalanceListener):
         #    fetched, so a rebalance never releases a record early.
         self.loop.stats.rebalances += 1
         self.loop._reapply_waits(assigned)
+        log.info("%s: assigned %d partitions of %s", self.loop.label, len(assigned), self.loop.topic)
 
 
 class HopLoop(Service):

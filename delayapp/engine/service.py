@@ -45,12 +45,16 @@ def build_policy(settings: Settings, layout: TopicLayout) -> Policy:
 
 
 class KnownTopics:
-    """The cluster's topic names, refreshed when an unseen target shows up (at most once a second)."""
+    """The cluster's topic names, re-read whenever a batch targets a name not seen before.
+
+    A name found missing is not asked about again for a second (negative cache), so a
+    stream of records to a topic that does not exist cannot hammer the brokers.
+    """
 
     def __init__(self, admin_kwargs: dict[str, Any]) -> None:
         self._admin_kwargs = admin_kwargs
         self.names: set[str] = set()
-        self._refreshed = 0.0
+        self._missing_since: dict[str, float] = {}
 
     async def refresh(self) -> None:
         """Re-read the topic list from the cluster."""
@@ -60,16 +64,20 @@ class KnownTopics:
             self.names = set(await admin.list_topics())
         finally:
             await admin.close()
-        self._refreshed = time.monotonic()
 
     async def ensure(self, records: Iterable[Any]) -> None:
-        """Refresh if a record targets a topic not seen yet (so new topics are found quickly)."""
+        """Refresh if a record targets a topic that is unknown and was not checked this second."""
+        now = time.monotonic()
+        unknown = set()
         for record in records:
             raw = header_value(record.headers, REACTIVATE_TO_TOPIC)
-            if raw is not None and raw.decode("ascii", "replace") not in self.names:
-                if time.monotonic() - self._refreshed >= TOPIC_REFRESH_S:
-                    await self.refresh()
-                return
+            name = raw.decode("ascii", "replace") if raw is not None else None
+            if name and name not in self.names and now - self._missing_since.get(name, -TOPIC_REFRESH_S) >= TOPIC_REFRESH_S:
+                unknown.add(name)
+        if unknown:
+            await self.refresh()
+            self._missing_since = {n: t for n, t in self._missing_since.items() if now - t < TOPIC_REFRESH_S}
+            self._missing_since.update({n: now for n in unknown - self.names})
 
 
 class DelayEngine(Service):

@@ -1,0 +1,27 @@
+"""Shared fixtures: the broker (real Kafka from DELAYAPP_TEST_BROKER, else embedded Tansu)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Iterator
+
+import pytest
+
+from delayapp.broker import EmbeddedBroker
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> Iterator[str]:
+    """Kafka bootstrap servers for integration tests.
+
+    ``DELAYAPP_TEST_BROKER=host:port`` runs the same suite against a real cluster;
+    otherwise an embedded Tansu broker is started on a free loopback port.
+    """
+    given = os.environ.get("DELAYAPP_TEST_BROKER")
+    if given:
+        yield given
+        return
+    log = os.path.join(tempfile.gettempdir(), f"delayapp-test-broker-{os.getpid()}.log")
+    with EmbeddedBroker(log_path=log) as broker:
+        yield broker.bootstrap

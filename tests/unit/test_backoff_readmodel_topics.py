@@ -1,0 +1,40 @@
+"""Backoff schedules, the idempotent read model and the topic layout checks."""
+
+from __future__ import annotations
+
+import random
+
+from delayapp.core.backoff import ExponentialBackoff, backoff_ms
+from delayapp.core.ladder import Ladder
+from delayapp.engine.handler import audit_seq
+from delayapp.engine.topics import TopicLayout, retention_problems, topic_specs
+from delayapp.readmodel import merge_record_state
+
+
+def test_exponential_backoff_caps_and_jitters_deterministically() -> None:
+    backoff = ExponentialBackoff(base="1s", factor=2, cap="5s")
+    assert [backoff(n) for n in (1, 2, 3, 4)] == [1_000, 2_000, 4_000, 5_000]
+    jittered = ExponentialBackoff(base="1s", jitter=0.5)
+    assert 500 <= jittered(1, random.Random(7)) <= 1_000
+    assert backoff_ms("250ms", 3) == 250
+
+
+def test_merge_is_idempotent_and_keeps_the_latest_step() -> None:
+    hop = {"record_id": "r", "status": "waiting", "seq": audit_seq(0, 1, "waiting")}
+    done = {"record_id": "r", "status": "delivered", "seq": audit_seq(0, 1, "delivered")}
+    state = merge_record_state(None, hop)
+    state = merge_record_state(state, done) or state
+    assert state["status"] == "delivered"
+    assert merge_record_state(state, hop) is None  # replay of an older step changes nothing
+    assert merge_record_state(state, done) is None  # replay of the same step changes nothing
+    retried = {"record_id": "r", "status": "waiting", "seq": audit_seq(1, 1, "waiting")}
+    assert merge_record_state(state, retried)["status"] == "waiting"
+
+
+def test_topic_layout_names_and_retention_checks() -> None:
+    layout = TopicLayout("dx", Ladder.parse("1s,1h"))
+    assert layout.all_topics == ["dx.ingress", "dx.delay.1s", "dx.delay.1h", "dx.dlq", "dx.audit"]
+    specs = topic_specs(layout, partitions=3, margin_ms=60_000, dead_letter_retention_ms=86_400_000)
+    assert all(s.retention_ms >= s.required_retention_ms(60_000) for s in specs)
+    problems = retention_problems(specs, {"dx.delay.1h": 3_600_000, "dx.delay.1s": -1}, 60_000)
+    assert len(problems) == 1 and "dx.delay.1h" in problems[0] and "3660000" in problems[0]
