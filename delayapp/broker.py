@@ -101,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m delayapp.broker", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("DELAYAPP_BROKER_PORT", "9092")))
+    parser.add_argument("--wait", action="store_true", help="only wait until a broker accepts connections on host:port, then exit")
     args = parser.parse_args(argv)
+    if args.wait:
+        wait_for_port(args.host, args.port, timeout=60)
+        return 0
     broker = EmbeddedBroker(args.port, args.host).start()
     print(f"embedded Tansu broker listening on {broker.bootstrap} (memory storage; data is lost on stop)", flush=True)
     stop = {"now": False}
