@@ -211,3 +211,36 @@ async def test_worker_killed_mid_delay_loses_nothing(bootstrap: str) -> None:
     records = collector.on(target)
     assert {r.key for r in records} == set(sent)
     assert all(r.timestamp >= sent[r.key] for r in records), "released early after restart"
+
+
+async def test_rebalance_to_a_second_worker_keeps_waits_and_loses_nothing(bootstrap: str) -> None:
+    """Records wait in delay topics while a second worker joins the group (a rebalance of every
+    loop) and then the first one leaves (another): all arrive once, none early."""
+    prefix, target = unique("itr"), unique("it-target-")
+    await create_topics(bootstrap, target, partitions=PARTITIONS)
+    first = Worker(bootstrap, prefix, DELAYAPP_PARTITIONS=str(PARTITIONS)).start()
+    second = Worker(bootstrap, prefix, DELAYAPP_PARTITIONS=str(PARTITIONS))
+    collector = await Collector(bootstrap, [target]).start()
+    sent: dict[bytes, int] = {}
+    try:
+        await first.wait_ready()
+        p = await producer(bootstrap)
+        try:
+            for i in range(30):
+                due = now_ms() + 3_500 + 250 * i
+                await schedule(p, target, str(due).encode(), key=f"r{i}".encode(), at=due, ingress_topic=f"{prefix}.ingress")
+                sent[f"r{i}".encode()] = due
+        finally:
+            await p.stop()
+        second.start()
+        await second.wait_ready()
+        first.stop()
+        await wait_for(lambda: {r.key for r in collector.on(target)} >= set(sent), 60, "every record across rebalances")
+        await asyncio.sleep(1.0)
+    finally:
+        first.kill()
+        second.stop()
+        await collector.stop()
+    records = collector.on(target)
+    assert sorted(r.key for r in records) == sorted(sent), "lost or duplicated across a clean rebalance"
+    assert all(r.timestamp >= sent[r.key] for r in records), "released early after a rebalance"
