@@ -111,3 +111,43 @@ async def test_retry_later_in_a_user_agent_counts_retries_then_dead_letters(boot
     assert all(r.value == b"charge 10 EUR" and r.key == b"pay-1" and dict(r.headers)["trace"] == b"t1" for r in attempts)
     dead = dict(collector.on(f"{prefix}.dlq")[0].headers)
     assert dead[h.DEAD_LETTER_REASON] == b"retries-exhausted"
+
+
+async def broker_describes_configs(bootstrap: str) -> str | None:
+    """None if the broker answers DescribeConfigs, else why not."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from delayapp.engine.topics import describe_retention
+
+    name = unique("cfg-probe-")
+    await create_topics(bootstrap, name, partitions=1)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await describe_retention(admin, [name])
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        await admin.close()
+    return None
+
+
+async def test_worker_refuses_a_delay_topic_whose_retention_is_shorter_than_its_dwell(bootstrap: str) -> None:
+    reason = await broker_describes_configs(bootstrap)
+    if reason is not None:
+        pytest.skip(f"broker does not report topic configs ({reason}); the worker logs that retention is not verified")
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    prefix = unique("ret")
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(f"{prefix}.delay.3s", 1, 1, topic_configs={"retention.ms": "1000"})])
+    finally:
+        await admin.close()
+    worker = Worker(bootstrap, prefix).start()
+    try:
+        await wait_for(lambda: worker.process.poll() is not None, 60, "the worker to refuse the layout")
+        assert "refusing to start" in worker.log and f"{prefix}.delay.3s" in worker.log
+    finally:
+        worker.kill()
