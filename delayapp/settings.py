@@ -21,6 +21,9 @@ from delayapp.core.ladder import DEFAULT_LADDER, Ladder
 from delayapp.errors import ConfigError
 
 
+DURATION_FIELDS = ("retention_margin", "dead_letter_retention", "max_delay", "max_overdue", "liveness_threshold")
+
+
 class Guarantee(str, enum.Enum):
     """How hops are made durable."""
 
@@ -75,18 +78,23 @@ class Settings(BaseSettings):
     max_retries: int = Field(10, ge=0, description="highest timeRetried accepted; above is dead-lettered")
     allowed_targets: str = Field("*", description="comma-separated topic patterns records may be delivered to")
     check_target_exists: bool = Field(True, description="dead-letter records whose target topic does not exist")
+    max_overdue: int = Field(
+        7 * 86_400_000, description="records entering already overdue by more than this are dead-lettered (seconds given for ms?)"
+    )
+    max_message_bytes: int = Field(1_048_576, description="largest record (key + value + headers) accepted; as the brokers' message.max.bytes")
 
     # -- processing ---------------------------------------------------------------------------
     processing_guarantee: Guarantee = Field(Guarantee.AT_LEAST_ONCE, description="at_least_once or exactly_once (Kafka transactions)")
     instance_id: str = Field("", description="stable id of this worker for transactional ids (default: host-webport)")
     max_batch: int = Field(500, ge=1, description="most records one loop takes per poll")
+    liveness_threshold: int = Field(30_000, description="a partition holding due records without progress this long is reported and recovered (duration)")
 
     # -- Faust --------------------------------------------------------------------------------
     store: str = Field("memory://", description="Faust table store (memory:// or rocksdb://)")
     web_host: str = Field("127.0.0.1", description="host of the Faust web server")
     web_port: int = Field(6066, description="port of the Faust web server")
 
-    @field_validator("retention_margin", "dead_letter_retention", "max_delay", mode="before")
+    @field_validator(*DURATION_FIELDS, mode="before")
     @classmethod
     def _durations(cls, value: Any) -> int:
         return _ms(value)
@@ -144,10 +152,10 @@ class Settings(BaseSettings):
             value = getattr(self, name)
             if isinstance(value, SecretStr):
                 value = "********"
-            elif name in ("retention_margin", "dead_letter_retention", "max_delay"):
+            elif name in DURATION_FIELDS:
                 value = format_duration(value)
             default = field.default.value if isinstance(field.default, enum.Enum) else field.default
-            if name in ("retention_margin", "dead_letter_retention", "max_delay"):
+            if name in DURATION_FIELDS:
                 default = format_duration(default)
             rows.append((env, str(value.value if isinstance(value, enum.Enum) else value), str(default), field.description or ""))
         return rows

@@ -41,6 +41,7 @@ DEAD_LETTER_REASON = "deadLetterReason"
 DEAD_LETTER_DETAIL = "deadLetterDetail"
 DEAD_LETTER_AT = "deadLetterAt"
 DEAD_LETTER_FROM = "deadLetterFrom"
+DEAD_LETTER_VALUE_DROPPED = "deadLetterValueDropped"
 
 # Largest epoch-ms timestamp accepted: 9999-12-31T23:59:59.999Z. Beyond it is a bug, not a date.
 MAX_TIMESTAMP_MS = 253_402_300_799_999

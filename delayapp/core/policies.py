@@ -35,6 +35,9 @@ class Reason(str, enum.Enum):
     EXPIRES_BEFORE_DUE = "expires-before-due"
     DELAY_TOO_LONG = "delay-too-long"
     UNDELIVERABLE = "undeliverable"
+    TOMBSTONE = "tombstone"
+    OVERSIZE = "oversize"
+    OVERDUE = "overdue"
 
     def __str__(self) -> str:
         return self.value
@@ -50,6 +53,7 @@ class Policy:
 
     max_delay_ms: int
     max_retries: int
+    max_overdue_ms: int = 7 * 86_400_000
     allowed_targets: tuple[str, ...] = ("*",)
     reserved_topics: frozenset[str] = frozenset()
     reserved_prefixes: tuple[str, ...] = ()
@@ -110,13 +114,16 @@ def stable_record_id(topic: str, partition: int, offset: int, timestamp_ms: int)
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kafka:{topic}/{partition}/{offset}/{timestamp_ms}"))
 
 
-def admit(state: DelayHeaders, *, now_ms: int, record_timestamp_ms: int, record_id: str) -> DelayHeaders | DeadLetter:
+def admit(
+    state: DelayHeaders, *, now_ms: int, record_timestamp_ms: int, record_id: str, max_overdue_ms: int | None = None
+) -> DelayHeaders | DeadLetter:
     """Normalise a record entering through the ingress topic.
 
     Fixes the absolute due time (``reactivateAt`` given, or ``delayMs`` after the record's
     timestamp, or ``validAt`` alone), and stamps ``recordId``, ``originatedAt``,
     ``timeRetried`` and ``delayedAt`` when absent. Irremovable headers already present are
-    never changed.
+    never changed. A due time more than ``max_overdue_ms`` in the past is refused: it is
+    almost always seconds given where epoch milliseconds are expected.
     """
     if state.reactivate_at is not None and state.delay_ms is not None:
         return DeadLetter(Reason.CONFLICTING_DUE_TIME, "give either reactivateAt or delayMs, not both")
@@ -130,6 +137,12 @@ def admit(state: DelayHeaders, *, now_ms: int, record_timestamp_ms: int, record_
         due = state.valid_at
     else:
         return DeadLetter(Reason.MISSING_DUE_TIME, "no reactivateAt, delayMs or validAt header: when is it due?")
+    if max_overdue_ms is not None and now_ms - due > max_overdue_ms:
+        return DeadLetter(
+            Reason.OVERDUE,
+            f"due {format_duration(now_ms - due)} ago, more than the {format_duration(max_overdue_ms)} accepted; "
+            "due times are epoch milliseconds (seconds given?)",
+        )
     return state.evolve(
         record_id=state.record_id or record_id,
         originated_at=state.originated_at if state.originated_at is not None else now_ms,

@@ -54,6 +54,17 @@ class AuditEvent:
         return orjson.dumps(body)
 
 
+RECORD_OVERHEAD_BYTES = 70  # a record's framing in a v2 batch, at most
+
+
+def record_size(key: bytes | None, value: bytes | None, headers: Any) -> int:
+    """Bytes a record takes on the wire, as brokers count it against message.max.bytes."""
+    size = RECORD_OVERHEAD_BYTES + len(key or b"") + len(value or b"")
+    for name, raw in headers or ():
+        size += len(name) + len(raw or b"") + 10
+    return size
+
+
 STAGE = {"waiting": 0, "delivered": 1, "dead_lettered": 2}
 
 
@@ -83,15 +94,24 @@ class RecordHandler:
         planner: Planner,
         policy: Policy,
         known_topics: Callable[[], Container[str] | None] = lambda: None,
+        max_record_bytes: int = 1_048_576,
     ) -> None:
         self.layout = layout
         self.planner = planner
         self.policy = policy
         self.known_topics = known_topics
+        self.max_record_bytes = max_record_bytes
 
     def handle(self, record: Any, *, now: int, ingress: bool) -> Wait | list[Output]:
         """Wait (not due: the partition waits) or the records to produce for ``record``."""
         source = f"{record.topic}/{record.partition}/{record.offset}"
+        if record.value is None:
+            verdict = DeadLetter(Reason.TOMBSTONE, "null value (tombstone): a delayed delete would be applied out of order, so it is not delayed")
+            return [self.dead_letter(record, verdict, now=now, state=None)]
+        size = record_size(record.key, record.value, record.headers)
+        if size > self.max_record_bytes:
+            verdict = DeadLetter(Reason.OVERSIZE, f"record of {size} bytes exceeds the {self.max_record_bytes} bytes accepted; value dropped here, original at {source}")
+            return [self.dead_letter(record, verdict, now=now, state=None, drop_value=True)]
         try:
             state, passthrough = h.decode(record.headers)
         except HeaderError as exc:
@@ -102,11 +122,12 @@ class RecordHandler:
                 now_ms=now,
                 record_timestamp_ms=record.timestamp or 0,
                 record_id=stable_record_id(record.topic, record.partition, record.offset, record.timestamp or 0),
+                max_overdue_ms=self.policy.max_overdue_ms,
             )
             if isinstance(admitted, DeadLetter):
                 return [self.dead_letter(record, admitted, now=now, state=state)]
             state = admitted
-        step = route(state, now_ms=now, planner=self.planner, policy=self.policy, known_topics=self.known_topics() if ingress else None)
+        step = route(state, now_ms=now, planner=self.planner, policy=self.policy, known_topics=self.known_topics())
         if isinstance(step, Wait):
             return step
         if isinstance(step, DeadLetter):
@@ -127,8 +148,12 @@ class RecordHandler:
         )
         return [Output(step.topic, record.key, record.value, h.encode(step.state, passthrough), event)]
 
-    def dead_letter(self, record: Any, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None) -> Output:
-        """The dead-letter copy: original key, value and headers, plus reason and detail."""
+    def dead_letter(self, record: Any, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None, drop_value: bool = False) -> Output:
+        """The dead-letter copy: original key, value and headers, plus reason and detail.
+
+        ``drop_value`` leaves the value out (it cannot be written anywhere); the header
+        ``deadLetterValueDropped`` then gives its size and ``deadLetterFrom`` where it still is.
+        """
         source = f"{record.topic}/{record.partition}/{record.offset}"
         detail = verdict.detail.encode("utf-8", "backslashreplace")[:MAX_DETAIL_BYTES]
         headers = [(k, v) for k, v in (record.headers or ())]
@@ -138,6 +163,8 @@ class RecordHandler:
             (h.DEAD_LETTER_AT, str(now).encode()),
             (h.DEAD_LETTER_FROM, source.encode("utf-8", "backslashreplace")),
         ]
+        if drop_value:
+            headers.append((h.DEAD_LETTER_VALUE_DROPPED, str(len(record.value or b"")).encode()))
         retries = (state.time_retried or 0) if state else 0
         hops = (state.delay_hops or 0) if state else 0
         record_id = (state.record_id if state else None) or stable_record_id(record.topic, record.partition, record.offset, record.timestamp or 0)
@@ -145,4 +172,4 @@ class RecordHandler:
             record_id, "dead_lettered", now, audit_seq(retries, hops, "dead_lettered"), retries, hops,
             state.reactivate_to_topic if state else None, reason=verdict.reason.value, source=source,
         )
-        return Output(self.layout.dead_letter, record.key, record.value, headers, event)
+        return Output(self.layout.dead_letter, record.key, None if drop_value else record.value, headers, event)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import CommitFailedError, KafkaError, UnknownTopicOrPartitionError
 from mode import Service
 
 from delayapp.core.policies import DeadLetter, Reason, Wait
@@ -120,6 +120,7 @@ class HopLoop(Service):
             **common,
             client_id=f"{s.app_id}-{self.name}",
             acks="all",
+            max_request_size=s.max_message_bytes + 65_536,  # our own size check is the binding one
             transactional_id=f"{s.topic_prefix}.{self.name}.{s.worker_instance_id}" if self.exactly_once else None,
         )
         await self._producer.start()
@@ -287,10 +288,19 @@ class HopLoop(Service):
         self.stats.commits += 1
         self.stats.last_progress_ms = self.clock()
 
-    async def _send_all(self, outputs: list[Output]) -> None:
+    async def _send(self, topic: str, value: bytes | None, key: bytes | None, headers: list | None = None) -> asyncio.Future:
+        """Queue one record; a refusal raised before queuing (e.g. too large) comes back as a failed future."""
         producer = self._producer
         assert producer is not None
-        futures = [await producer.send(o.topic, o.value, key=o.key, headers=o.headers) for o in outputs]
+        try:
+            return await producer.send(topic, value, key=key, headers=headers)
+        except KafkaError as exc:
+            failed: asyncio.Future = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+
+    async def _send_all(self, outputs: list[Output]) -> None:
+        futures = [await self._send(o.topic, o.value, o.key, o.headers) for o in outputs]
         results = await asyncio.gather(*futures, return_exceptions=True)
         audits = []
         for output, result in zip(outputs, results):
@@ -298,27 +308,28 @@ class HopLoop(Service):
                 result = await self._send_undeliverable(output, result)
             self._count(output)
             if self.audit_topic and output.audit is not None:
-                audits.append(
-                    await producer.send(
-                        self.audit_topic,
-                        output.audit.encode(result.topic, result.partition, result.offset),
-                        key=output.audit.record_id.encode(),
-                    )
-                )
+                audit = output.audit.encode(result.topic, result.partition, result.offset)
+                audits.append(await self._send(self.audit_topic, audit, output.audit.record_id.encode()))
         if audits:
             await asyncio.gather(*audits)
 
     async def _send_undeliverable(self, output: Output, error: BaseException) -> Any:
-        """A write the broker refuses for good (too large, unknown topic) goes to the dead letters."""
-        if not isinstance(error, KafkaError) or getattr(error, "retriable", False) or output.topic == self.handler.layout.dead_letter:
+        """A write the broker refuses for good goes to the dead letters (without its value if
+        even that is refused); anything that may succeed later is raised, so the batch is
+        retried from the committed offsets."""
+        if not _final(error) or output.topic == self.handler.layout.dead_letter:
             raise error
         log.warning("%s: %s refused a record (%s); dead-lettering it", self.label, output.topic, type(error).__name__)
-        verdict = DeadLetter(Reason.UNDELIVERABLE, f"writing to {output.topic} failed: {type(error).__name__}: {error}")
-        fake = _Source(output.topic, output.key, output.value, output.headers)
-        dead = self.handler.dead_letter(fake, verdict, now=self.clock(), state=None)
-        producer = self._producer
-        assert producer is not None
-        return await (await producer.send(dead.topic, dead.value, key=dead.key, headers=dead.headers))
+        verdict = DeadLetter(Reason.UNDELIVERABLE, f"writing to {output.topic} failed: {type(error).__name__}")
+        source = _Source(output.topic, output.key, output.value, output.headers)
+        for drop_value in (False, True):
+            dead = self.handler.dead_letter(source, verdict, now=self.clock(), state=None, drop_value=drop_value)
+            try:
+                return await (await self._send(dead.topic, dead.value, dead.key, dead.headers))
+            except KafkaError as exc:
+                if drop_value or not _final(exc):
+                    raise
+        raise AssertionError("unreachable")
 
     def _count(self, output: Output) -> None:
         audit = output.audit
@@ -332,6 +343,13 @@ class HopLoop(Service):
                 self.stats.lateness_ms.append(audit.lateness_ms)
         else:
             self.stats.dead_lettered += 1
+
+
+def _final(error: BaseException) -> bool:
+    """True for a write error that retrying cannot fix (too large, not authorised, no such topic)."""
+    if isinstance(error, UnknownTopicOrPartitionError):
+        return True  # raised only after waiting request_timeout_ms for the topic to appear
+    return isinstance(error, KafkaError) and not getattr(error, "retriable", False)
 
 
 @dataclass

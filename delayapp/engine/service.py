@@ -38,6 +38,7 @@ def build_policy(settings: Settings, layout: TopicLayout) -> Policy:
     return Policy(
         max_delay_ms=settings.max_delay,
         max_retries=settings.max_retries,
+        max_overdue_ms=settings.max_overdue,
         allowed_targets=settings.allowed_target_patterns,
         reserved_topics=frozenset(layout.all_topics),
         reserved_prefixes=(f"{settings.topic_prefix}.", f"{settings.app_id}-", "__"),
@@ -98,6 +99,7 @@ class DelayEngine(Service):
             planner=self.planner,
             policy=self.policy,
             known_topics=(lambda: self.known_topics.names) if check else (lambda: None),
+            max_record_bytes=settings.max_message_bytes,
         )
         self.loops: list[HopLoop] = []
 
@@ -112,12 +114,13 @@ class DelayEngine(Service):
         audit = self.layout.audit if s.audit_enabled else None
         common = dict(handler=self.handler, settings=s, audit_topic=audit, loop=self.loop, beacon=self.beacon)
         router = HopLoop(name="router", topic=self.layout.ingress, group_id=f"{s.app_id}.router", ingress=True, **common)
-        router.before_decide = self.known_topics.ensure if s.check_target_exists else None
         self.loops = [router] + [
             HopLoop(name=f"delay-{self.settings.ladder.label(d)}", topic=topic, group_id=f"{s.app_id}.{topic.removeprefix(s.topic_prefix + '.')}", **common)
             for d, topic in self.layout.delay_topics.items()
         ]
         for hop_loop in self.loops:
+            # every loop can deliver: each re-checks that targets exist (shared, cached list)
+            hop_loop.before_decide = self.known_topics.ensure if s.check_target_exists else None
             await self.add_runtime_dependency(hop_loop)
         log.info(
             "delay engine started: ladder %s, guarantee %s, topics %s",

@@ -93,9 +93,10 @@ async def test_retry_later_in_a_user_agent_counts_retries_then_dead_letters(boot
     worker = Worker(
         bootstrap, prefix, app="tests.integration.user_app", TEST_PAYMENTS_TOPIC=payments, DELAYAPP_MAX_RETRIES="2",
     ).start()
-    collector = await Collector(bootstrap, [payments, f"{prefix}.dlq"]).start()
+    collector = Collector(bootstrap, [payments, f"{prefix}.dlq"])
     try:
         await worker.wait_ready()
+        await collector.start()
         p = await producer(bootstrap)
         try:
             await p.send_and_wait(payments, b"charge 10 EUR", key=b"pay-1", headers=[("trace", b"t1")])
