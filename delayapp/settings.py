@@ -41,7 +41,7 @@ def _ms(value: Any) -> int:
 class Settings(BaseSettings):
     """delayapp's configuration; read from the environment at import of :mod:`delayapp.app`."""
 
-    model_config = SettingsConfigDict(env_prefix="DELAYAPP_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="DELAYAPP_", extra="ignore", frozen=True, populate_by_name=True)
 
     # -- Kafka connection ---------------------------------------------------------------------
     broker: str = Field(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -45,6 +46,7 @@ class LoopStats:
     rebalances: int = 0
     restarts: int = 0
     commits: int = 0
+    stalls: int = 0
     lateness_ms: deque = field(default_factory=lambda: deque(maxlen=10_000))
     last_progress_ms: int = 0
 
@@ -102,6 +104,8 @@ class HopLoop(Service):
         self._waits: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
         self._batch_lock = asyncio.Lock()
+        self._progress: dict[TopicPartition, float] = {}
+        self._stalled: set[TopicPartition] = set()
         self._exited = asyncio.Event()
         self.running = asyncio.Event()
         self.before_decide: Callable[[list[Any]], Awaitable[None]] | None = None
@@ -192,6 +196,9 @@ class HopLoop(Service):
         consumer = self._consumer
         assert consumer is not None
         while not self.should_stop:
+            if self._stalled:
+                stalled, self._stalled = sorted(map(str, self._stalled)), set()
+                raise LoopStalled(f"no progress on {', '.join(stalled)}")
             self._apply_pauses()
             fetched = await consumer.getmany(timeout_ms=self._poll_timeout_ms(), max_records=self.settings.max_batch)
             if fetched and self.before_decide is not None:
@@ -227,6 +234,7 @@ class HopLoop(Service):
             while queue:
                 record = queue[0]
                 step = self.handler.handle(record, now=now, ingress=self.ingress)
+                self._progress[tp] = time.monotonic()
                 if isinstance(step, Wait):
                     self._waits[tp] = step.until_ms
                     self.stats.waits += 1
@@ -257,13 +265,54 @@ class HopLoop(Service):
         for tp in partitions:
             self._queues.pop(tp, None)
             self._paused.discard(tp)
+            self._progress.pop(tp, None)
 
     def _reapply_waits(self, assigned: set[TopicPartition]) -> None:
+        started = time.monotonic()
+        self._progress = {tp: started for tp in assigned}
         now = self.clock()
         self._waits = {tp: until for tp, until in self._waits.items() if tp in assigned and until > now}
         self._paused = set()
         if self._consumer is not None:
             self._apply_pauses()
+
+    # -- liveness ---------------------------------------------------------------------------------
+
+    @Service.timer(1.0)
+    async def _watchdog(self) -> None:
+        """Report and recover partitions that hold due records but make no progress.
+
+        A partition waiting for a head that is not due is healthy. Otherwise, if it has
+        records beyond its position (end offset or fetched highwater) or queued, and nothing
+        was processed for ``liveness_threshold``, it is stalled: logged, counted, and the loop
+        reopens from its committed offsets.
+        """
+        consumer = self._consumer
+        if consumer is None or not self.running.is_set():
+            return
+        threshold_s = self.settings.liveness_threshold / 1000
+        now_s, now = time.monotonic(), self.clock()
+        suspects = [
+            tp for tp in consumer.assignment()
+            if now_s - self._progress.get(tp, now_s) > threshold_s and not self._waits.get(tp, 0) > now
+        ]
+        if not suspects:
+            return
+        try:
+            ends = await consumer.end_offsets(suspects)
+            positions = {tp: await consumer.position(tp) for tp in suspects}
+        except (KafkaError, AssertionError):
+            return  # mid-rebalance or broker hiccup: look again next second
+        for tp in suspects:
+            end = max(ends.get(tp) or 0, consumer.highwater(tp) or 0)
+            if self._queues.get(tp) or end > positions[tp]:
+                self.stats.stalls += 1
+                self._stalled.add(tp)
+                log.warning(
+                    "%s: partition %s holds due records but made no progress for %.0f s (position %s, end %s); recovering",
+                    self.label, tp, now_s - self._progress[tp], positions[tp], end,
+                )
+                self._progress[tp] = now_s
 
     # -- producing and committing ----------------------------------------------------------------
 
@@ -343,6 +392,12 @@ class HopLoop(Service):
                 self.stats.lateness_ms.append(audit.lateness_ms)
         else:
             self.stats.dead_lettered += 1
+
+
+class LoopStalled(Exception):
+    """A partition made no progress while holding due records; the loop reopens."""
+
+    retriable = True
 
 
 def _final(error: BaseException) -> bool:

@@ -1,0 +1,53 @@
+"""Liveness: a partition left paused behind the loop's back (a lost resume) is detected,
+reported in the stats, and recovered, on a real broker with an in-process loop."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from delayapp.core import headers as h
+from delayapp.core.planner import Planner
+from delayapp.engine.handler import RecordHandler
+from delayapp.engine.loop import HopLoop
+from delayapp.engine.service import bootstrap_topics, build_policy
+from delayapp.engine.topics import TopicLayout
+from delayapp.settings import load_settings
+
+from .kafka_helpers import Collector, create_topics, producer, unique, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def test_stalled_partition_is_detected_reported_and_recovered(bootstrap: str) -> None:
+    prefix, target = unique("live"), unique("live-target-")
+    settings = load_settings(
+        broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1,
+        liveness_threshold="2s", session_timeout_ms=6000, heartbeat_interval_ms=1500,
+    )
+    layout = TopicLayout(prefix, settings.ladder)
+    await bootstrap_topics(settings, layout)
+    await create_topics(bootstrap, target, partitions=1)
+    handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
+    delay_topic = layout.delay_topic(1000)
+    hop_loop = HopLoop(name="delay-1s", topic=delay_topic, group_id=f"{prefix}.delay.1s", handler=handler, settings=settings, audit_topic=None)
+    await hop_loop.start()
+    collector = await Collector(bootstrap, [target]).start()
+    try:
+        await wait_for(lambda: hop_loop._consumer is not None and hop_loop._consumer.assignment(), 30, "the loop's assignment")
+        (tp,) = hop_loop._consumer.assignment()
+        hop_loop._consumer.pause(tp)  # the bug we simulate: paused, and nobody will resume it
+        now = time.time_ns() // 1_000_000
+        p = await producer(bootstrap)
+        try:
+            headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(now).encode()), (h.AWAKE_AT, str(now).encode())]
+            await p.send_and_wait(delay_topic, b"due now", key=b"k", headers=headers)
+        finally:
+            await p.stop()
+        await wait_for(lambda: hop_loop.stats.stalls >= 1, 20, "the stall to be detected")
+        await wait_for(lambda: collector.on(target), 20, "the record after recovery")
+        assert hop_loop.stats.restarts >= 1
+    finally:
+        await collector.stop()
+        await hop_loop.stop()
