@@ -31,8 +31,8 @@ def clock(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000).strftime("%H:%M:%S.%f")[:-3]
 
 
-async def ensure_target(bootstrap: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+async def ensure_target(kafka: dict) -> None:
+    admin = AIOKafkaAdminClient(**kafka)
     for _ in range(60):
         try:
             await admin.start()
@@ -47,8 +47,8 @@ async def ensure_target(bootstrap: str) -> None:
         await admin.close()
 
 
-async def produce_waves(bootstrap: str, ingress: str, engine_ready: asyncio.Event) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+async def produce_waves(kafka: dict, ingress: str, engine_ready: asyncio.Event) -> None:
+    producer = AIOKafkaProducer(**kafka, acks="all")
     await producer.start()
     wave = 0
     try:
@@ -72,8 +72,8 @@ async def produce_waves(bootstrap: str, ingress: str, engine_ready: asyncio.Even
         await producer.stop()
 
 
-async def show_deliveries(bootstrap: str, engine_ready: asyncio.Event) -> None:
-    consumer = AIOKafkaConsumer(TARGET, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="latest", fetch_max_wait_ms=50)
+async def show_deliveries(kafka: dict, engine_ready: asyncio.Event) -> None:
+    consumer = AIOKafkaConsumer(TARGET, **kafka, group_id=None, auto_offset_reset="latest", fetch_max_wait_ms=50)
     await consumer.start()
     lateness: list[int] = []
     early = 0
@@ -104,11 +104,12 @@ async def show_deliveries(bootstrap: str, engine_ready: asyncio.Event) -> None:
 async def main() -> None:
     settings = load_settings()
     ingress = f"{settings.topic_prefix}.ingress"
-    await ensure_target(settings.broker)
+    kafka = settings.kafka_client_kwargs()
+    await ensure_target(kafka)
     print(f"[demo] scheduling a wave of {len(WAVE)} records every {WAVE_EVERY_S:.0f} s to {TARGET} "
           f"through {ingress} (ladder {settings.ladder}, longest {format_duration(parse_duration(WAVE[-1]))})", flush=True)
     ready = asyncio.Event()
-    tasks = [asyncio.create_task(show_deliveries(settings.broker, ready)), asyncio.create_task(produce_waves(settings.broker, ingress, ready))]
+    tasks = [asyncio.create_task(show_deliveries(kafka, ready)), asyncio.create_task(produce_waves(kafka, ingress, ready))]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

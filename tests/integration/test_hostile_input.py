@@ -17,6 +17,8 @@ pytestmark = pytest.mark.integration
 
 T = "{target}"
 INGRESS = "{prefix}.ingress"
+PAYLOAD = b"PAYLOAD-SECRET-4711"
+PASSWORD = "never-log-this-password"
 NOW = "{now}"
 MAX_BYTES = 100_000
 
@@ -27,47 +29,47 @@ def due_in(ms: int) -> str:
 
 # (case id, expected reason, headers, value, topic) — "{target}", "{prefix}", "{now}", "{now+N}" are filled in.
 CASES = [
-    ("no-headers", "missing-due-time", [], b"v", INGRESS),
-    ("missing-target", "missing-target", [(h.DELAY_MS, "10")], b"v", INGRESS),
-    ("missing-due-time", "missing-due-time", [(h.REACTIVATE_TO_TOPIC, T)], b"v", INGRESS),
-    ("duplicated-reactivateAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, NOW), (h.REACTIVATE_AT, NOW)], b"v", INGRESS),
-    ("duplicated-target", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "1")], b"v", INGRESS),
-    ("duplicated-delayMs", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "1"), (h.DELAY_MS, "2")], b"v", INGRESS),
-    ("non-numeric-reactivateAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "tomorrow")], b"v", INGRESS),
-    ("float-reactivateAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "1.7e12")], b"v", INGRESS),
-    ("iso-date-reactivateAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "2026-11-21T10:00:00Z")], b"v", INGRESS),
-    ("negative-delay", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "-5000")], b"v", INGRESS),
-    ("plus-signed-delay", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "+5")], b"v", INGRESS),
-    ("padded-delay", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, " 5")], b"v", INGRESS),
-    ("empty-reactivateAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "")], b"v", INGRESS),
-    ("null-reactivateAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, None)], b"v", INGRESS),
-    ("overflowing-delay", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "1" + "0" * 30)], b"v", INGRESS),
-    ("huge-delay", "delay-too-long", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, str(10**13))], b"v", INGRESS),
-    ("reactivateAt-year-9999", "delay-too-long", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "253402300799000")], b"v", INGRESS),
-    ("reactivateAt-in-seconds", "overdue", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "1763719200")], b"v", INGRESS),
-    ("reactivateAt-zero", "overdue", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "0")], b"v", INGRESS),
-    ("expireAt-before-reactivateAt", "expires-before-due", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, due_in(5_000)), (h.EXPIRE_AT, due_in(1_000))], b"v", INGRESS),
-    ("validAt-after-expireAt", "expires-before-due", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10"), (h.VALID_AT, due_in(9_000)), (h.EXPIRE_AT, due_in(8_000))], b"v", INGRESS),
-    ("already-expired", "expired", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10"), (h.EXPIRE_AT, due_in(-1_000))], b"v", INGRESS),
-    ("both-delay-and-time", "conflicting-due-time", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10"), (h.REACTIVATE_AT, NOW)], b"v", INGRESS),
-    ("retries-exhausted", "retries-exhausted", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10"), (h.TIME_RETRIED, "3")], b"v", INGRESS),
-    ("non-numeric-retries", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10"), (h.TIME_RETRIED, "two")], b"v", INGRESS),
-    ("target-is-ingress", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}.ingress"), (h.DELAY_MS, "10")], b"v", INGRESS),
-    ("target-is-delay-topic", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}.delay.1s"), (h.DELAY_MS, "10")], b"v", INGRESS),
-    ("target-is-dead-letter", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}.dlq"), (h.DELAY_MS, "10")], b"v", INGRESS),
-    ("target-is-audit", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}.audit"), (h.DELAY_MS, "10")], b"v", INGRESS),
-    ("target-is-table-changelog", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}-record-states-changelog"), (h.DELAY_MS, "10")], b"v", INGRESS),
-    ("target-not-allowed", "target-not-allowed", [(h.REACTIVATE_TO_TOPIC, "payroll"), (h.DELAY_MS, "10")], b"v", INGRESS),
-    ("target-does-not-exist", "unknown-target", [(h.REACTIVATE_TO_TOPIC, "hostile-target-missing"), (h.DELAY_MS, "10")], b"v", INGRESS),
-    ("target-invalid-name", "malformed-header", [(h.REACTIVATE_TO_TOPIC, "bad topic!"), (h.DELAY_MS, "10")], b"v", INGRESS),
-    ("target-non-utf8", "malformed-header", [(h.REACTIVATE_TO_TOPIC, b"\xff\xfe"), (h.DELAY_MS, "10")], b"v", INGRESS),
-    ("non-ascii-digits", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "١٧٠٠٠٠٠٠٠٠٠٠٠")], b"v", INGRESS),
-    ("record-id-with-spaces", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10"), (h.RECORD_ID, "my id")], b"v", INGRESS),
-    ("wrong-case-header-names", "missing-due-time", [("ReactivateToTopic", T), ("DelayMs", "10")], b"v", INGRESS),
+    ("no-headers", "missing-due-time", [], PAYLOAD, INGRESS),
+    ("missing-target", "missing-target", [(h.DELAY_MS, "10")], PAYLOAD, INGRESS),
+    ("missing-due-time", "missing-due-time", [(h.REACTIVATE_TO_TOPIC, T)], PAYLOAD, INGRESS),
+    ("duplicated-reactivateAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, NOW), (h.REACTIVATE_AT, NOW)], PAYLOAD, INGRESS),
+    ("duplicated-target", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "1")], PAYLOAD, INGRESS),
+    ("duplicated-delayMs", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "1"), (h.DELAY_MS, "2")], PAYLOAD, INGRESS),
+    ("non-numeric-reactivateAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "tomorrow")], PAYLOAD, INGRESS),
+    ("float-reactivateAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "1.7e12")], PAYLOAD, INGRESS),
+    ("iso-date-reactivateAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "2026-11-21T10:00:00Z")], PAYLOAD, INGRESS),
+    ("negative-delay", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "-5000")], PAYLOAD, INGRESS),
+    ("plus-signed-delay", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "+5")], PAYLOAD, INGRESS),
+    ("padded-delay", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, " 5")], PAYLOAD, INGRESS),
+    ("empty-reactivateAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "")], PAYLOAD, INGRESS),
+    ("null-reactivateAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, None)], PAYLOAD, INGRESS),
+    ("overflowing-delay", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "1" + "0" * 30)], PAYLOAD, INGRESS),
+    ("huge-delay", "delay-too-long", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, str(10**13))], PAYLOAD, INGRESS),
+    ("reactivateAt-year-9999", "delay-too-long", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "253402300799000")], PAYLOAD, INGRESS),
+    ("reactivateAt-in-seconds", "overdue", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "1763719200")], PAYLOAD, INGRESS),
+    ("reactivateAt-zero", "overdue", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "0")], PAYLOAD, INGRESS),
+    ("expireAt-before-reactivateAt", "expires-before-due", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, due_in(5_000)), (h.EXPIRE_AT, due_in(1_000))], PAYLOAD, INGRESS),
+    ("validAt-after-expireAt", "expires-before-due", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10"), (h.VALID_AT, due_in(9_000)), (h.EXPIRE_AT, due_in(8_000))], PAYLOAD, INGRESS),
+    ("already-expired", "expired", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10"), (h.EXPIRE_AT, due_in(-1_000))], PAYLOAD, INGRESS),
+    ("both-delay-and-time", "conflicting-due-time", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10"), (h.REACTIVATE_AT, NOW)], PAYLOAD, INGRESS),
+    ("retries-exhausted", "retries-exhausted", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10"), (h.TIME_RETRIED, "3")], PAYLOAD, INGRESS),
+    ("non-numeric-retries", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10"), (h.TIME_RETRIED, "two")], PAYLOAD, INGRESS),
+    ("target-is-ingress", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}.ingress"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
+    ("target-is-delay-topic", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}.delay.1s"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
+    ("target-is-dead-letter", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}.dlq"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
+    ("target-is-audit", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}.audit"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
+    ("target-is-table-changelog", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}-record-states-changelog"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
+    ("target-not-allowed", "target-not-allowed", [(h.REACTIVATE_TO_TOPIC, "payroll"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
+    ("target-does-not-exist", "unknown-target", [(h.REACTIVATE_TO_TOPIC, "hostile-target-missing"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
+    ("target-invalid-name", "malformed-header", [(h.REACTIVATE_TO_TOPIC, "bad topic!"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
+    ("target-non-utf8", "malformed-header", [(h.REACTIVATE_TO_TOPIC, b"\xff\xfe"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
+    ("non-ascii-digits", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, "١٧٠٠٠٠٠٠٠٠٠٠٠")], PAYLOAD, INGRESS),
+    ("record-id-with-spaces", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10"), (h.RECORD_ID, "my id")], PAYLOAD, INGRESS),
+    ("wrong-case-header-names", "missing-due-time", [("ReactivateToTopic", T), ("DelayMs", "10")], PAYLOAD, INGRESS),
     ("tombstone", "tombstone", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10")], None, INGRESS),
     ("oversize-payload", "oversize", [(h.REACTIVATE_TO_TOPIC, T), (h.DELAY_MS, "10")], b"x" * (MAX_BYTES + 50_000), INGRESS),
-    ("injected-in-delay-topic-not-allowed", "target-not-allowed", [(h.REACTIVATE_TO_TOPIC, "payroll"), (h.REACTIVATE_AT, NOW), (h.AWAKE_AT, NOW)], b"v", "{prefix}.delay.1s"),
-    ("injected-in-delay-topic-garbage-awakeAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, NOW), (h.AWAKE_AT, "soon")], b"v", "{prefix}.delay.1s"),
+    ("injected-in-delay-topic-not-allowed", "target-not-allowed", [(h.REACTIVATE_TO_TOPIC, "payroll"), (h.REACTIVATE_AT, NOW), (h.AWAKE_AT, NOW)], PAYLOAD, "{prefix}.delay.1s"),
+    ("injected-in-delay-topic-garbage-awakeAt", "malformed-header", [(h.REACTIVATE_TO_TOPIC, T), (h.REACTIVATE_AT, NOW), (h.AWAKE_AT, "soon")], PAYLOAD, "{prefix}.delay.1s"),
 ]
 
 
@@ -80,6 +82,7 @@ async def hostile_env(bootstrap: str):
     worker = Worker(
         bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS="hostile-target-*," + prefix + "*",
         DELAYAPP_MAX_RETRIES="2", DELAYAPP_MAX_MESSAGE_BYTES=str(MAX_BYTES),
+        DELAYAPP_SASL_USERNAME="delayapp", DELAYAPP_SASL_PASSWORD=PASSWORD,  # configured, unused on PLAINTEXT
     ).start()
     collector = None
     try:
@@ -143,3 +146,11 @@ async def test_odd_keys_and_zero_delay_are_delivered_unchanged(hostile_env, key)
         await p.stop()
     delivered = await wait_for(lambda: [r for r in collector.on(target) if r.value == marker], 10, "the odd-keyed record")
     assert delivered[0].key == key
+
+
+async def test_no_payload_or_secret_in_the_logs(hostile_env) -> None:
+    """Runs after the corpus (same worker): nothing it logged carries a payload or the password."""
+    worker, _, _ = hostile_env
+    log = worker.log
+    assert "router: assigned" in log
+    assert PAYLOAD.decode() not in log and PASSWORD not in log
