@@ -63,6 +63,7 @@ app = DelayApp(
     web_port=settings.web_port,
     autodiscover=False,
     table_cleanup_interval=60.0,
+    recovery_consistency_check=settings.recovery_consistency_check,
 )
 
 audit_topic = app.topic(

@@ -52,9 +52,10 @@ def wait_for_port(host: str, port: int, timeout: float = 15.0) -> None:
 class EmbeddedBroker:
     """A Tansu broker process on loopback; a context manager that always stops it."""
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_path: str | None = None) -> None:
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_path: str | None = None, advertised_port: int | None = None) -> None:
         self.host = host
         self.port = port or free_port()
+        self.advertised_port = advertised_port or self.port  # a proxy in front (chaos tests) advertises itself
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -66,9 +67,10 @@ class EmbeddedBroker:
     def start(self) -> "EmbeddedBroker":
         """Start the broker and wait until it accepts connections."""
         url = f"tcp://{self.host}:{self.port}"
+        advertised = f"tcp://{self.host}:{self.advertised_port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised, "--storage-engine", "memory://tansu/"],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
         )
         try:

@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     store: str = Field("memory://", description="Faust table store (memory:// or rocksdb://)")
     web_host: str = Field("127.0.0.1", description="host of the Faust web server")
     web_port: int = Field(6066, description="port of the Faust web server")
+    recovery_consistency_check: bool = Field(
+        True, description="Faust's table-recovery offset check; false on the embedded broker, whose wrong end offsets trip it"
+    )
 
     @field_validator(*DURATION_FIELDS, mode="before")
     @classmethod

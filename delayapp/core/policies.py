@@ -47,8 +47,9 @@ class Reason(str, enum.Enum):
 class Policy:
     """The governance rules one deployment applies to every record.
 
-    ``allowed_targets`` are shell-style patterns (``orders.*``); ``reserved_topics`` and
-    ``reserved_prefixes`` name delayapp's own topics, which are never valid targets.
+    ``allowed_targets`` are shell-style patterns (``orders.*``); ``reserved_topics`` (exact
+    names) and ``reserved_patterns`` (shell-style) name delayapp's own and Kafka's internal
+    topics, which are never valid targets.
     """
 
     max_delay_ms: int
@@ -56,13 +57,13 @@ class Policy:
     max_overdue_ms: int = 7 * 86_400_000
     allowed_targets: tuple[str, ...] = ("*",)
     reserved_topics: frozenset[str] = frozenset()
-    reserved_prefixes: tuple[str, ...] = ()
+    reserved_patterns: tuple[str, ...] = ()
 
     def check_target(self, topic: str | None, known_topics: Container[str] | None = None) -> "DeadLetter | None":
         """None if ``topic`` may receive records, else the dead-letter verdict saying why."""
         if not topic:
             return DeadLetter(Reason.MISSING_TARGET, "no reactivateToTopic header: the record has no destination")
-        if topic in self.reserved_topics or topic.startswith(self.reserved_prefixes):
+        if topic in self.reserved_topics or any(fnmatch.fnmatchcase(topic, p) for p in self.reserved_patterns):
             return DeadLetter(Reason.TARGET_LOOP, f"target {topic!r} is one of delayapp's own topics")
         if not any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.allowed_targets):
             return DeadLetter(

@@ -41,7 +41,13 @@ def build_policy(settings: Settings, layout: TopicLayout) -> Policy:
         max_overdue_ms=settings.max_overdue,
         allowed_targets=settings.allowed_target_patterns,
         reserved_topics=frozenset(layout.all_topics),
-        reserved_prefixes=(f"{settings.topic_prefix}.", f"{settings.app_id}-", "__"),
+        reserved_patterns=(
+            f"{settings.topic_prefix}.*",  # ingress, delay topics, dead letters, audit
+            f"{settings.app_id}-*-changelog",  # Faust tables
+            f"{settings.app_id}-*-repartition",
+            f"{settings.app_id}-__*",  # Faust's assignor topic
+            "__*",  # Kafka's own (__consumer_offsets, __transaction_state)
+        ),
     )
 
 

@@ -13,7 +13,7 @@ NOW = 1_800_000_000_000
 PLANNER = Planner(Ladder.parse("1s,5s,1m"))
 POLICY = Policy(
     max_delay_ms=3_600_000, max_retries=3, allowed_targets=("orders", "payments.*"),
-    reserved_topics=frozenset({"delayapp.ingress", "delayapp.dlq"}), reserved_prefixes=("delayapp.",),
+    reserved_topics=frozenset({"delayapp.ingress", "delayapp.dlq"}), reserved_patterns=("delayapp.*",),
 )
 
 
