@@ -49,7 +49,7 @@ class ChaosConfig:
     fault_gap_s: tuple[float, float] = (8.0, 15.0)
     cut_s: tuple[float, float] = (10.0, 30.0)
     ladder: str = "250ms,1s,4s,15s,1m"
-    spread_s: float = 200.0
+    spread_s: float = 300.0
     workers: int = 2
     partitions: int = 4
     guarantee: str = "at_least_once"

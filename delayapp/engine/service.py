@@ -114,8 +114,7 @@ class DelayEngine(Service):
         if s.allowed_target_patterns == ("*",):
             log.warning("allowed targets: * (any topic); set DELAYAPP_ALLOWED_TARGETS to restrict where records may go")
         await bootstrap_topics(s, self.layout)
-        if s.processing_guarantee is Guarantee.EXACTLY_ONCE:
-            await probe_transactions(s)
+        await probe_transactions(s, required=s.processing_guarantee is Guarantee.EXACTLY_ONCE)
         await self.known_topics.refresh()
         audit = self.layout.audit if s.audit_enabled else None
         common = dict(handler=self.handler, settings=s, audit_topic=audit, loop=self.loop, beacon=self.beacon)
@@ -150,16 +149,24 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
         await admin.close()
 
 
-async def probe_transactions(settings: Settings) -> None:
-    """Refuse exactly_once on a broker without usable transactions, with a clear reason."""
+async def probe_transactions(settings: Settings, *, required: bool) -> bool:
+    """Say in the log whether the broker runs transactions; refuse exactly_once without them."""
     producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), transactional_id=f"{settings.topic_prefix}.probe.{settings.worker_instance_id}")
     try:
         await asyncio.wait_for(producer.start(), timeout=15)
     except Exception as exc:
-        raise BrokerFeatureMissing(
-            f"processing_guarantee=exactly_once needs Kafka transactions, which broker {settings.broker} refused "
-            f"({type(exc).__name__}: {exc}); use at_least_once or a Kafka cluster with transactions"
-        ) from None
+        reason = f"{type(exc).__name__}: {exc}"
+        if required:
+            raise BrokerFeatureMissing(
+                f"processing_guarantee=exactly_once needs Kafka transactions, which broker {settings.broker} refused "
+                f"({reason}); use at_least_once or a Kafka cluster with transactions"
+            ) from None
+        log.info("broker capability: transactions NOT available (%s); at_least_once hops, de-duplicate by recordId", reason)
+        return False
     finally:
         await producer.stop()
-    log.info("broker supports transactions: exactly_once hops enabled (readers must use read_committed)")
+    if required:
+        log.info("broker capability: transactions available; exactly_once hops enabled (readers must use read_committed)")
+    else:
+        log.info("broker capability: transactions available; DELAYAPP_PROCESSING_GUARANTEE=exactly_once would use them")
+    return True

@@ -25,6 +25,20 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+async def schedule_spread(bootstrap: str, prefix: str, target: str, count: int, first_ms: int, step_ms: int, key: str) -> dict[bytes, int]:
+    """Schedule ``count`` records due ``first_ms``, ``first_ms + step_ms``... from now; key -> due."""
+    sent: dict[bytes, int] = {}
+    p = await producer(bootstrap)
+    try:
+        for i in range(count):
+            due = now_ms() + first_ms + step_ms * i
+            await schedule(p, target, str(due).encode(), key=f"{key}{i}".encode(), at=due, ingress_topic=f"{prefix}.ingress")
+            sent[f"{key}{i}".encode()] = due
+    finally:
+        await p.stop()
+    return sent
+
+
 @pytest.fixture(scope="module")
 async def engine(bootstrap: str):
     """One worker shared by this module's tests (each test uses its own target topic)."""
@@ -187,15 +201,7 @@ async def test_worker_killed_mid_delay_loses_nothing(bootstrap: str) -> None:
     try:
         await first.wait_ready()
         collector = await Collector(bootstrap, [target]).start()
-        p = await producer(bootstrap)
-        sent = {}
-        try:
-            for i in range(30):
-                due = now_ms() + 4_000 + 100 * i
-                await schedule(p, target, str(due).encode(), key=f"k{i}".encode(), at=due, ingress_topic=f"{prefix}.ingress")
-                sent[f"k{i}".encode()] = due
-        finally:
-            await p.stop()
+        sent = await schedule_spread(bootstrap, prefix, target, 30, 4_000, 100, "k")
         await wait_for(lambda: re.search(r"delay-3s: assigned", first.log), 5, "3s worker")
         await asyncio.sleep(1.5)  # records are now waiting inside delay topics
         first.kill(signal.SIGKILL)
@@ -224,14 +230,7 @@ async def test_rebalance_to_a_second_worker_keeps_waits_and_loses_nothing(bootst
     sent: dict[bytes, int] = {}
     try:
         await first.wait_ready()
-        p = await producer(bootstrap)
-        try:
-            for i in range(30):
-                due = now_ms() + 3_500 + 250 * i
-                await schedule(p, target, str(due).encode(), key=f"r{i}".encode(), at=due, ingress_topic=f"{prefix}.ingress")
-                sent[f"r{i}".encode()] = due
-        finally:
-            await p.stop()
+        sent = await schedule_spread(bootstrap, prefix, target, 30, 3_500, 250, "r")
         second.start()
         await second.wait_ready()
         first.stop()
