@@ -248,9 +248,16 @@ class HopLoop(Service):
         return outputs, offsets
 
     def _apply_pauses(self) -> None:
-        """Pause partitions that wait or hold enough unprocessed records; resume the rest."""
+        """Pause partitions that wait or hold enough unprocessed records; resume the rest.
+
+        A wait that has ended on a partition with nothing fetched (its records were dropped
+        at a rebalance) ends here, so the partition resumes and fetches its head again.
+        """
         consumer = self._consumer
         assert consumer is not None
+        now = self.clock()
+        for tp in [tp for tp, until in self._waits.items() if until <= now and not self._queues.get(tp)]:
+            del self._waits[tp]
         assigned = consumer.assignment()
         backlog = 2 * self.settings.max_batch
         want = {tp for tp in assigned if tp in self._waits or len(self._queues.get(tp, ())) >= backlog}

@@ -217,6 +217,7 @@ async def test_worker_killed_mid_delay_loses_nothing(bootstrap: str) -> None:
     records = collector.on(target)
     assert {r.key for r in records} == set(sent)
     assert all(r.timestamp >= sent[r.key] for r in records), "released early after restart"
+    assert "made no progress" not in second.log, "a partition stalled after the restart"
 
 
 async def test_rebalance_to_a_second_worker_keeps_waits_and_loses_nothing(bootstrap: str) -> None:
@@ -243,3 +244,4 @@ async def test_rebalance_to_a_second_worker_keeps_waits_and_loses_nothing(bootst
     records = collector.on(target)
     assert sorted(r.key for r in records) == sorted(sent), "lost or duplicated across a clean rebalance"
     assert all(r.timestamp >= sent[r.key] for r in records), "released early after a rebalance"
+    assert "made no progress" not in first.log + second.log, "a waiting partition stalled after a rebalance"

@@ -1,0 +1,180 @@
+"""The Redis sorted-set scheduler of ``../shared/reference/001_*.txt``, on the same broker.
+
+Envelope ``{"topic", "message", "countdown"}`` consumed from Kafka; per record ``SET U body
+EX countdown+900`` and ``ZADD key NX now+countdown U``; a cron every ``poll_s`` runs
+``ZRANGE key 0 now BYSCORE LIMIT 0 batch``, GETs the bodies, produces them, then ZREM + DEL.
+"As described" is a 1 s poll with batch 10; "tuned" polls every 5 ms with batches of 1000
+and pipelines the Redis calls. Redis is Debian's ``redis-server``, started on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+import uuid
+
+import orjson
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from bench.common import create_topics, now_ms, percentile, unique
+from delayapp.broker import free_port, wait_for_port
+
+KEY = "blackbox-delay-key"
+
+
+class RedisServer:
+    """redis-server on a free loopback port, no persistence."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> "RedisServer":
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server not found: apt-get install -y redis-server (bin/bench does it)")
+        self.process = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port("127.0.0.1", self.port)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process:
+            self.process.terminate()
+            self.process.wait(5)
+
+
+class RedisScheduler:
+    """The black box: Kafka ingress -> Redis sorted set -> Kafka target."""
+
+    def __init__(self, bootstrap: str, redis_port: int, ingress: str, poll_s: float, batch: int) -> None:
+        self.bootstrap, self.ingress, self.poll_s, self.batch = bootstrap, ingress, poll_s, batch
+        self.redis = aioredis.Redis(port=redis_port)
+        self.delivered = 0
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        self.consumer = AIOKafkaConsumer(self.ingress, bootstrap_servers=self.bootstrap, group_id=unique("redis-g-"),
+                                         auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=1500)
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=2)
+        await self.consumer.start()
+        await self.producer.start()
+        self._tasks = [asyncio.create_task(self._ingest()), asyncio.create_task(self._cron())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.consumer.stop()
+        await self.producer.stop()
+        await self.redis.aclose()
+
+    async def _ingest(self) -> None:
+        while True:
+            batch = await self.consumer.getmany(timeout_ms=100, max_records=1000)
+            pipe = self.redis.pipeline(transaction=False)
+            for records in batch.values():
+                for r in records:
+                    envelope = orjson.loads(r.value)
+                    u = str(uuid.uuid4())
+                    body = orjson.dumps({"topic": envelope["topic"], "message": envelope["message"]})
+                    pipe.set(u, body, ex=int(envelope["countdown"]) + 900)
+                    pipe.zadd(KEY, {u: now_ms() / 1000 + float(envelope["countdown"])}, nx=True)
+            if len(pipe):
+                await pipe.execute()
+
+    async def _cron(self) -> None:
+        while True:
+            ids = await self.redis.zrangebyscore(KEY, 0, now_ms() / 1000, start=0, num=self.batch)
+            if ids:
+                bodies = await self.redis.mget(ids)
+                futures = []
+                for body in bodies:
+                    if body is not None:
+                        message = orjson.loads(body)
+                        futures.append(await self.producer.send(message["topic"], message["message"].encode()))
+                await asyncio.gather(*futures)
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.zrem(KEY, *ids)
+                pipe.delete(*ids)
+                await pipe.execute()
+                self.delivered += len(ids)
+                if len(ids) == self.batch:
+                    continue  # more may be due: no sleep
+            await asyncio.sleep(self.poll_s)
+
+
+async def _envelopes(bootstrap: str, ingress: str, target: str, count: int, countdown_s: float, rate: float | None = None) -> dict[str, int]:
+    """Send envelopes; returns message -> due (ms)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    due_of: dict[str, int] = {}
+    started = time.perf_counter()
+    try:
+        for i in range(count):
+            if rate:
+                while i > (time.perf_counter() - started) * rate:
+                    await asyncio.sleep(0.001)
+            message = f"m{i}-{'x' * 980}"
+            due_of[message] = now_ms() + int(countdown_s * 1000)
+            await producer.send(ingress, orjson.dumps({"topic": target, "message": message, "countdown": countdown_s}),
+                                headers=[("CALLER_SERVICE", b"bench")])
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return due_of
+
+
+async def redis_run(bootstrap: str, *, poll_s: float, batch: int, count: int, rate: float | None, countdown_s: float, wait_s: float) -> dict:
+    """Throughput (already-due load) or lateness (paced load) of one configuration."""
+    ingress, target = unique("redis-in-"), unique("redis-out-")
+    await create_topics(bootstrap, [ingress, target], 4)
+    with RedisServer() as server:
+        scheduler = RedisScheduler(bootstrap, server.port, ingress, poll_s, batch)
+        await scheduler.start()
+        consumer = AIOKafkaConsumer(target, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", fetch_max_wait_ms=5)
+        await consumer.start()
+        try:
+            started = time.perf_counter()
+            due_of = await _envelopes(bootstrap, ingress, target, count, countdown_s, rate)
+            lateness = []
+            deadline = time.monotonic() + wait_s
+            first = None
+            while len(lateness) < count and time.monotonic() < deadline:
+                batch_ = await consumer.getmany(timeout_ms=100)
+                for records in batch_.values():
+                    for r in records:
+                        first = first or time.perf_counter()
+                        lateness.append(r.timestamp - due_of[r.value.decode()])
+            elapsed = time.perf_counter() - started
+            return {
+                "poll_s": poll_s, "batch": batch, "sent": count, "delivered": len(lateness),
+                "throughput": len(lateness) / elapsed if rate is None else None,
+                "p50": percentile(lateness, 0.5), "p99": percentile(lateness, 0.99), "max": max(lateness, default=float("nan")),
+            }
+        finally:
+            await consumer.stop()
+            await scheduler.stop()
+
+
+async def redis_bytes_per_pending(bootstrap: str, count: int) -> float:
+    """Redis memory per pending record (1 KB messages due in an hour)."""
+    ingress, target = unique("redis-in-"), unique("redis-out-")
+    await create_topics(bootstrap, [ingress, target], 4)
+    with RedisServer() as server:
+        client = aioredis.Redis(port=server.port)
+        before = (await client.info("memory"))["used_memory"]
+        scheduler = RedisScheduler(bootstrap, server.port, ingress, 1.0, 10)
+        await scheduler.start()
+        try:
+            await _envelopes(bootstrap, ingress, target, count, 3600)
+            while await client.zcard(KEY) < count:
+                await asyncio.sleep(0.2)
+            after = (await client.info("memory"))["used_memory"]
+            return (after - before) / count
+        finally:
+            await scheduler.stop()
+            await client.aclose()

@@ -1,0 +1,86 @@
+"""The limit: a raw consume -> produce relay in one process, offsets committed per batch.
+
+1 KB records with key and headers kept; aiokafka and confluent-kafka (librdkafka). The faster
+of the two is the ceiling one Python process can reach on this broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from bench.common import create_topics, preload, unique
+
+HEADERS = [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), ("tenant", b"bank-a")]
+
+
+async def aiokafka_relay(bootstrap: str, count: int, partitions: int = 4) -> float:
+    """Records/s relaying ``count`` preloaded records from one topic to another."""
+    src, dst = unique("relay-src-"), unique("relay-dst-")
+    await create_topics(bootstrap, [src, dst], partitions)
+    await preload(bootstrap, src, count, lambda i: HEADERS)
+    consumer = AIOKafkaConsumer(src, bootstrap_servers=bootstrap, group_id=unique("relay-g-"), enable_auto_commit=False,
+                                auto_offset_reset="earliest", max_poll_records=1000, session_timeout_ms=6000, heartbeat_interval_ms=1500)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=1 << 20)
+    await producer.start()
+    await consumer.start()
+    done, started = 0, None
+    try:
+        while done < count:
+            batch = await consumer.getmany(timeout_ms=200, max_records=1000)
+            if not batch:
+                continue
+            started = started or time.perf_counter()
+            futures = []
+            for records in batch.values():
+                for r in records:
+                    futures.append(await producer.send(dst, r.value, key=r.key, headers=r.headers))
+            await asyncio.gather(*futures)
+            await consumer.commit({tp: records[-1].offset + 1 for tp, records in batch.items()})
+            done += len(futures)
+        return count / (time.perf_counter() - started)
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+def _confluent_relay_blocking(bootstrap: str, src: str, dst: str, count: int) -> float:
+    from confluent_kafka import Consumer, Producer
+
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": unique("relay-cg-"), "enable.auto.commit": False,
+        "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "heartbeat.interval.ms": 1500,
+    })
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all", "enable.idempotence": False})
+    consumer.subscribe([src])
+    done, started = 0, None
+    try:
+        while done < count:
+            batch = consumer.consume(num_messages=1000, timeout=0.2)
+            batch = [m for m in batch if m.error() is None]
+            if not batch:
+                continue
+            started = started or time.perf_counter()
+            for m in batch:
+                while True:
+                    try:
+                        producer.produce(dst, m.value(), m.key(), headers=m.headers())
+                        break
+                    except BufferError:
+                        producer.poll(0.01)
+            producer.flush()
+            consumer.commit(asynchronous=False)  # forward first, then commit
+            done += len(batch)
+        return count / (time.perf_counter() - started)
+    finally:
+        consumer.close()
+
+
+async def confluent_relay(bootstrap: str, count: int, partitions: int = 4) -> float:
+    """Records/s of the same relay written with confluent-kafka (run in a thread)."""
+    src, dst = unique("relay-src-"), unique("relay-dst-")
+    await create_topics(bootstrap, [src, dst], partitions)
+    await preload(bootstrap, src, count, lambda i: HEADERS)
+    return await asyncio.to_thread(_confluent_relay_blocking, bootstrap, src, dst, count)
