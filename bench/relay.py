@@ -36,7 +36,7 @@ async def aiokafka_relay(bootstrap: str, count: int, partitions: int = 4) -> flo
             futures = []
             for records in batch.values():
                 for r in records:
-                    futures.append(await producer.send(dst, r.value, key=r.key, headers=r.headers))
+                    futures.append(await producer.send(dst, r.value, key=r.key, headers=list(r.headers)))
             await asyncio.gather(*futures)
             await consumer.commit({tp: records[-1].offset + 1 for tp, records in batch.items()})
             done += len(futures)

@@ -87,6 +87,8 @@ class Settings(BaseSettings):
     processing_guarantee: Guarantee = Field(Guarantee.AT_LEAST_ONCE, description="at_least_once or exactly_once (Kafka transactions)")
     instance_id: str = Field("", description="stable id of this worker for transactional ids (default: host-webport)")
     max_batch: int = Field(500, ge=1, description="most records one loop takes per poll")
+    producer_batch_bytes: int = Field(1_048_576, description="producer batch size per partition; large batches mean few acks=all round trips")
+    producer_linger_ms: int = Field(0, description="producer linger; 0 keeps hops prompt, batches still form while a request is in flight")
     liveness_threshold: int = Field(30_000, description="a partition holding due records without progress this long is reported and recovered (duration)")
 
     # -- Faust --------------------------------------------------------------------------------

@@ -124,7 +124,9 @@ class HopLoop(Service):
             **common,
             client_id=f"{s.app_id}-{self.name}",
             acks="all",
-            max_request_size=s.max_message_bytes + 65_536,  # our own size check is the binding one
+            max_request_size=max(s.max_message_bytes + 65_536, s.producer_batch_bytes),  # our size check binds
+            max_batch_size=s.producer_batch_bytes,
+            linger_ms=s.producer_linger_ms,
             transactional_id=f"{s.topic_prefix}.{self.name}.{s.worker_instance_id}" if self.exactly_once else None,
         )
         await self._producer.start()
