@@ -89,6 +89,7 @@ class Settings(BaseSettings):
     max_batch: int = Field(500, ge=1, description="most records one loop takes per poll")
     producer_batch_bytes: int = Field(1_048_576, description="producer batch size per partition; large batches mean few acks=all round trips")
     producer_linger_ms: int = Field(0, description="producer linger; 0 keeps hops prompt, batches still form while a request is in flight")
+    release_ahead: bool = Field(True, description="release due records queued behind a head that is not due (released offsets kept in commit metadata)")
     liveness_threshold: int = Field(30_000, description="a partition holding due records without progress this long is reported and recovered (duration)")
 
     # -- Faust --------------------------------------------------------------------------------

@@ -49,12 +49,14 @@ class Policy:
 
     ``allowed_targets`` are shell-style patterns (``orders.*``); ``reserved_topics`` (exact
     names) and ``reserved_patterns`` (shell-style) name delayapp's own and Kafka's internal
-    topics, which are never valid targets.
+    topics, which are never valid targets. A record due in less than ``hold_below_ms`` is
+    held where it is (the worker waits on it) rather than re-enqueued for a sliver of time.
     """
 
     max_delay_ms: int
     max_retries: int
     max_overdue_ms: int = 7 * 86_400_000
+    hold_below_ms: int = 0
     allowed_targets: tuple[str, ...] = ("*",)
     reserved_topics: frozenset[str] = frozenset()
     reserved_patterns: tuple[str, ...] = ()
@@ -189,6 +191,8 @@ def route(
             Reason.DELAY_TOO_LONG,
             f"due in {format_duration(remaining)}, beyond the maximum delay of {format_duration(policy.max_delay_ms)}",
         )
+    if 0 < remaining < policy.hold_below_ms:
+        return Wait(due)  # a hop this short would arrive after its due time: hold it instead
     hop = planner.next_hop(remaining)
     if hop is None:
         return Deliver(state.reactivate_to_topic, state.irremovable(), due)  # type: ignore[arg-type]

@@ -10,6 +10,11 @@ couple of fetches per partition). When the head record is not due, only that par
 waits: it is paused, the loop keeps serving the others and its own heartbeats, and it
 resumes when the head is due, so a wait longer than the session timeout never causes a
 rebalance and memory stays bounded however many records wait in Kafka.
+
+Records behind a head that is not due are not stuck behind it: a partition keeps fetching
+(up to a bounded backlog) and releases every queued record whose own ``awakeAt`` has come,
+in any order. The commit stays at the head; the offsets released beyond it go into the
+commit's metadata (``delayapp.core.released``), so a restarted or new owner skips them.
 """
 
 from __future__ import annotations
@@ -25,13 +30,31 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import CommitFailedError, KafkaError, UnknownTopicOrPartitionError
 from mode import Service
 
+from delayapp.core.headers import AWAKE_AT, header_value
 from delayapp.core.policies import DeadLetter, Reason, Wait
+from delayapp.core.released import decode_released, encode_released
 from delayapp.engine.handler import Output, RecordHandler, now_ms
 from delayapp.settings import Guarantee, Settings
 
 log = logging.getLogger(__name__)
 
 POLL_MS = 100
+MAX_RELEASED_AHEAD = 300  # per partition; keeps the commit metadata far below Kafka's 4 KB
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A fetched record not yet committed: its ``awakeAt`` parsed once, and whether it was
+    already released ahead of the partition's head."""
+
+    record: Any
+    awake_at: int | None
+    released: bool = False
+
+
+def _awake_at(record: Any) -> int | None:
+    raw = header_value(record.headers, AWAKE_AT)
+    return int(raw) if raw is not None and raw.isdigit() and len(raw) < 19 else None
 
 
 @dataclass
@@ -67,6 +90,7 @@ class _Rebalance(ConsumerRebalanceListener):
         #    still known; any other head that is not due pauses its partition again when
         #    fetched, so a rebalance never releases a record early.
         self.loop.stats.rebalances += 1
+        await self.loop._load_released(assigned)
         self.loop._reapply_waits(assigned)
         log.info("%s: assigned %d partitions of %s", self.loop.label, len(assigned), self.loop.topic)
 
@@ -105,6 +129,8 @@ class HopLoop(Service):
         self._paused: set[TopicPartition] = set()
         self._batch_lock = asyncio.Lock()
         self._progress: dict[TopicPartition, float] = {}
+        self._released_before: dict[TopicPartition, set[int]] = {}
+        self.release_ahead = settings.release_ahead
         self._stalled: set[TopicPartition] = set()
         self._exited = asyncio.Event()
         self.running = asyncio.Event()
@@ -207,7 +233,10 @@ class HopLoop(Service):
                 await self.before_decide([r for records in fetched.values() for r in records])
             for tp, records in fetched.items():
                 if tp in consumer.assignment():
-                    self._queues.setdefault(tp, deque()).extend(records)
+                    skip = self._released_before.get(tp, ())
+                    self._queues.setdefault(tp, deque()).extend(
+                        _Pending(r, _awake_at(r), released=r.offset in skip) for r in records
+                    )
                     self.stats.consumed += len(records)
             async with self._batch_lock:
                 outputs, offsets = self._decide()
@@ -217,34 +246,58 @@ class HopLoop(Service):
     def _poll_timeout_ms(self) -> int:
         """Poll no longer than until the earliest wait ends (0 if records are ready now)."""
         if any(q and tp not in self._waits for tp, q in self._queues.items()):
-            return 0
+            return 0  # records are ready now
         if not self._waits:
             return POLL_MS
         return max(0, min(POLL_MS, min(self._waits.values()) - self.clock()))
 
-    def _decide(self) -> tuple[list[Output], dict[TopicPartition, int]]:
-        """Process every ready queue head; a head that is not due makes its partition wait."""
+    def _decide(self) -> tuple[list[Output], dict[TopicPartition, tuple[int, str]]]:
+        """Release every queued record that is due, in partition order where possible and
+        ahead of a waiting head otherwise; a partition waits until its earliest pending record."""
         outputs: list[Output] = []
-        offsets: dict[TopicPartition, int] = {}
+        offsets: dict[TopicPartition, tuple[int, str]] = {}
         for tp, queue in self._queues.items():
-            until = self._waits.get(tp)
             now = self.clock()
-            if until is not None:
-                if now < until:
+            until = self._waits.get(tp)
+            if until is not None and now < until:
+                continue
+            self._waits.pop(tp, None)
+            next_wait: int | None = None
+            blocked = False  # an earlier record of this partition is still pending
+            released_now = False
+            ahead = sum(entry.released for entry in queue)
+            for entry in queue:
+                if entry.released:
                     continue
-                del self._waits[tp]
-            while queue:
-                record = queue[0]
-                step = self.handler.handle(record, now=now, ingress=self.ingress)
-                self._progress[tp] = time.monotonic()
-                if isinstance(step, Wait):
-                    self._waits[tp] = step.until_ms
-                    self.stats.waits += 1
+                if blocked and (not self.release_ahead or ahead >= MAX_RELEASED_AHEAD):
                     break
+                if entry.awake_at is not None and entry.awake_at > now:
+                    step: Any = Wait(entry.awake_at)
+                else:
+                    step = self.handler.handle(entry.record, now=now, ingress=self.ingress)
+                    self._progress[tp] = time.monotonic()
+                if isinstance(step, Wait):
+                    entry.awake_at = step.until_ms
+                    next_wait = step.until_ms if next_wait is None else min(next_wait, step.until_ms)
+                    if not blocked:
+                        self.stats.waits += 1
+                    blocked = True
+                    continue
                 outputs.extend(step)
-                offsets[tp] = record.offset + 1
-                queue.popleft()
+                entry.released = released_now = True
+                ahead += blocked
                 now = self.clock()
+            last = None
+            while queue and queue[0].released:
+                last = queue.popleft().record.offset
+            if released_now or last is not None:
+                if queue:
+                    head = queue[0].record.offset
+                    offsets[tp] = (head, encode_released(head, {e.record.offset for e in queue if e.released}))
+                else:
+                    offsets[tp] = (last + 1, "")  # type: ignore[operator]
+            if next_wait is not None:
+                self._waits[tp] = next_wait
         for tp in [tp for tp, q in self._queues.items() if not q]:
             del self._queues[tp]
         return outputs, offsets
@@ -262,7 +315,10 @@ class HopLoop(Service):
             del self._waits[tp]
         assigned = consumer.assignment()
         backlog = 2 * self.settings.max_batch
-        want = {tp for tp in assigned if tp in self._waits or len(self._queues.get(tp, ())) >= backlog}
+        want = {
+            tp for tp in assigned
+            if (tp in self._waits and not self.release_ahead) or len(self._queues.get(tp, ())) >= backlog
+        }
         pause, resume = want - self._paused, (self._paused - want) & assigned
         if pause:
             consumer.pause(*pause)
@@ -275,6 +331,23 @@ class HopLoop(Service):
             self._queues.pop(tp, None)
             self._paused.discard(tp)
             self._progress.pop(tp, None)
+            self._released_before.pop(tp, None)
+
+    async def _load_released(self, assigned: set[TopicPartition]) -> None:
+        """Read which offsets beyond each committed position were already released.
+
+        aiokafka's public ``committed()`` drops the metadata, so this asks its coordinator;
+        if that ever fails, records released ahead are released again (at-least-once)."""
+        if not assigned or self._consumer is None:
+            return
+        try:
+            committed = await self._consumer._coordinator.fetch_committed_offsets(set(assigned))
+        except Exception as exc:  # the fallback is safe: at-least-once, never a loss
+            log.warning("%s: could not read commit metadata (%s); records released ahead may repeat", self.label, exc)
+            return
+        for tp, meta in committed.items():
+            if meta is not None and getattr(meta, "metadata", None):
+                self._released_before[tp] = decode_released(meta.offset, meta.metadata)
 
     def _reapply_waits(self, assigned: set[TopicPartition]) -> None:
         started = time.monotonic()
@@ -325,7 +398,7 @@ class HopLoop(Service):
 
     # -- producing and committing ----------------------------------------------------------------
 
-    async def _emit(self, outputs: list[Output], offsets: dict[TopicPartition, int]) -> None:
+    async def _emit(self, outputs: list[Output], offsets: dict[TopicPartition, tuple[int, str]]) -> None:
         """Write ``outputs`` and their audit events, then commit ``offsets`` (forward, then commit)."""
         producer, consumer = self._producer, self._consumer
         assert producer is not None and consumer is not None

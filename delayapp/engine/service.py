@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any, Iterable
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from mode import Service
 
@@ -39,6 +39,7 @@ def build_policy(settings: Settings, layout: TopicLayout) -> Policy:
         max_delay_ms=settings.max_delay,
         max_retries=settings.max_retries,
         max_overdue_ms=settings.max_overdue,
+        hold_below_ms=settings.ladder.smallest,
         allowed_targets=settings.allowed_target_patterns,
         reserved_topics=frozenset(layout.all_topics),
         reserved_patterns=(
@@ -115,6 +116,11 @@ class DelayEngine(Service):
             log.warning("allowed targets: * (any topic); set DELAYAPP_ALLOWED_TARGETS to restrict where records may go")
         await bootstrap_topics(s, self.layout)
         await probe_transactions(s, required=s.processing_guarantee is Guarantee.EXACTLY_ONCE)
+        if s.release_ahead and not await keeps_commit_metadata(s, self.layout.ingress):
+            log.warning(
+                "broker capability: offset-commit metadata is NOT kept; records released ahead of a waiting "
+                "head may be released again after a rebalance or restart (at-least-once; de-duplicate by recordId)"
+            )
         await self.known_topics.refresh()
         audit = self.layout.audit if s.audit_enabled else None
         common = dict(handler=self.handler, settings=s, audit_topic=audit, loop=self.loop, beacon=self.beacon)
@@ -170,3 +176,22 @@ async def probe_transactions(settings: Settings, *, required: bool) -> bool:
     else:
         log.info("broker capability: transactions available; DELAYAPP_PROCESSING_GUARANTEE=exactly_once would use them")
     return True
+
+
+async def keeps_commit_metadata(settings: Settings, topic: str) -> bool:
+    """Whether the broker returns the metadata string committed with an offset (real Kafka
+    does; the embedded broker drops it). Commits once for a probe group on ``topic``."""
+    probe = AIOKafkaConsumer(**settings.kafka_client_kwargs(), group_id=f"{settings.app_id}.probe", enable_auto_commit=False)
+    await probe.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        probe.assign([tp])
+        await probe.commit({tp: (0, "released:probe")})
+        committed = await probe._coordinator.fetch_committed_offsets({tp})
+        meta = committed.get(tp)
+        return bool(meta is not None and meta.metadata == "released:probe")
+    except Exception as exc:
+        log.warning("could not probe offset-commit metadata (%s)", exc)
+        return False
+    finally:
+        await probe.stop()

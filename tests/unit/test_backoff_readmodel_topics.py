@@ -38,3 +38,23 @@ def test_topic_layout_names_and_retention_checks() -> None:
     assert all(s.retention_ms >= s.required_retention_ms(60_000) for s in specs)
     problems = retention_problems(specs, {"dx.delay.1h": 3_600_000, "dx.delay.1s": -1}, 60_000)
     assert len(problems) == 1 and "dx.delay.1h" in problems[0] and "3660000" in problems[0]
+
+
+def test_released_offsets_round_trip_through_commit_metadata() -> None:
+    from hypothesis import given, strategies as st
+
+    from delayapp.core.released import MAX_METADATA_CHARS, decode_released, encode_released
+
+    assert encode_released(100, {103, 104, 105, 109}) == "released:3-5,9"
+    assert decode_released(100, "released:3-5,9") == {103, 104, 105, 109}
+    assert decode_released(100, "something else") == set() and decode_released(5, "released:x") == set()
+    assert encode_released(100, {99}) == ""  # at or below the commit point is already committed
+
+    @given(st.integers(0, 10**9), st.sets(st.integers(1, 5_000), max_size=300))
+    def round_trip(base, deltas):
+        released = {base + d for d in deltas}
+        text = encode_released(base, released)
+        assert decode_released(base, text) == released
+        assert len(text) < 5 * MAX_METADATA_CHARS
+
+    round_trip()

@@ -113,3 +113,13 @@ def test_expiry_is_checked_again_at_every_hop() -> None:
 
 def test_stable_record_id_is_deterministic() -> None:
     assert stable_record_id("t", 1, 2, 3) == stable_record_id("t", 1, 2, 3) != stable_record_id("t", 1, 3, 3)
+
+
+def test_a_remainder_below_the_hold_threshold_is_held_not_re_enqueued() -> None:
+    from dataclasses import replace
+
+    holding = replace(POLICY, hold_below_ms=1_000)
+    state = admitted(delay_ms=400).evolve(awake_at=None)
+    assert route(state, now_ms=NOW, planner=PLANNER, policy=holding) == Wait(state.reactivate_at)
+    assert isinstance(route(state, now_ms=state.reactivate_at, planner=PLANNER, policy=holding), Deliver)
+    assert isinstance(route(admitted(delay_ms=1_500), now_ms=NOW, planner=PLANNER, policy=holding), Enqueue)
