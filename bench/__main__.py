@@ -110,12 +110,17 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
             )
     if "backlog" in sections:
         levels = [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]
-        rows = await engine.backlog_rss(bootstrap, levels)
-        report.data["backlog"] = rows
-        flat = max(r["rss_mb"] for r in rows) - min(r["rss_mb"] for r in rows)
-        for r in rows:
-            report.add(f"worker RSS with {r['waiting']:,} records waiting", f"{r['rss_mb']:.0f} MB (idle {r['idle_rss_mb']:.0f} MB)")
-        report.add("backlog RSS spread across levels", f"{flat:.0f} MB", "flat (< 50 MB)", flat < 50)
+        report.data["backlog"] = {}
+        for audit in (False, True):
+            rows = await engine.backlog_rss(bootstrap, levels, audit=audit)
+            report.data["backlog"]["audit_on" if audit else "audit_off"] = rows
+            label = "audit on: + record-states table in memory" if audit else "delay engine only, audit off"
+            for r in rows:
+                report.add(f"worker RSS, {r['waiting']:,} waiting ({label})", f"{r['rss_mb']:.0f} MB (idle {r['idle_rss_mb']:.0f} MB)")
+            growth = rows[-1]["rss_mb"] - rows[0]["rss_mb"]
+            per_record = growth * 1e6 / max(1, rows[-1]["waiting"] - rows[0]["waiting"])
+            report.add(f"backlog RSS growth {levels[0]:,} -> {levels[-1]:,} ({label})", f"{growth:.0f} MB ({per_record:.0f} B/record)",
+                       "flat (< 50 MB)" if not audit else "", growth < 50 if not audit else None)
     if "recovery" in sections:
         seconds = await engine.recovery_after_sigkill(bootstrap)
         report.data["recovery_s"] = seconds
@@ -125,10 +130,10 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
             report.data["redis"] = "redis-server not installed (bin/bench installs it)"
             report.add("Redis baseline", "not run: redis-server missing")
         else:
-            described = await redis_baseline.redis_run(bootstrap, poll_s=1.0, batch=10, count=200, rate=None, countdown_s=0, wait_s=30)
-            tuned = await redis_baseline.redis_run(bootstrap, poll_s=0.005, batch=1000, count=n, rate=None, countdown_s=0, wait_s=120)
+            described = await redis_baseline.redis_run(bootstrap, poll_s=1.0, batch=10, count=100, rate=None, countdown_s=0, wait_s=30)
+            tuned = await redis_baseline.redis_run(bootstrap, poll_s=0.005, batch=1000, count=n, rate=None, countdown_s=0, wait_s=120, drain=True)
             late_described = await redis_baseline.redis_run(bootstrap, poll_s=1.0, batch=10, count=5_000, rate=1_000, countdown_s=2, wait_s=20)
-            late_tuned = await redis_baseline.redis_run(bootstrap, poll_s=0.005, batch=1000, count=5_000 if quick else 15_000, rate=1_000, countdown_s=2, wait_s=30)
+            late_tuned = await redis_baseline.redis_run(bootstrap, poll_s=0.005, batch=1000, count=5_000 if quick else 15_000, rate=1_000, countdown_s=2, wait_s=30, drain=True)
             per_record = await redis_baseline.redis_bytes_per_pending(bootstrap, 5_000 if quick else 50_000)
             report.data["redis"] = {"described": described, "tuned": tuned, "lateness_described": late_described,
                                     "lateness_tuned": late_tuned, "bytes_per_pending": per_record}

@@ -149,11 +149,15 @@ async def _router_committed(bootstrap: str, prefix: str, partitions: int) -> int
         await consumer.stop()
 
 
-async def backlog_rss(bootstrap: str, levels: list[int]) -> list[dict]:
-    """Worker RSS with ``levels`` records waiting in the 1 h topic (cumulative loads)."""
+async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True) -> list[dict]:
+    """Worker RSS with ``levels`` records waiting in the 1 h topic (cumulative loads).
+
+    With the audit on, the in-memory ``record-states`` table holds one entry per record in
+    flight; with it off only the delay engine is measured."""
     prefix = unique("blg")
     target = f"{prefix}-out"
-    worker = WorkerProcess(worker_env(bootstrap, prefix, "1s,1h"), name=prefix).start()
+    env = {**worker_env(bootstrap, prefix, "1s,1h"), "DELAYAPP_AUDIT_ENABLED": str(audit).lower()}
+    worker = WorkerProcess(env, name=prefix).start()
     out = []
     try:
         await worker.wait_ready(loops=3)
