@@ -234,10 +234,12 @@ class HopLoop(Service):
             for tp, records in fetched.items():
                 if tp in consumer.assignment():
                     skip = self._released_before.get(tp, ())
-                    self._queues.setdefault(tp, deque()).extend(
-                        _Pending(r, _awake_at(r), released=r.offset in skip) for r in records
-                    )
+                    entries = [_Pending(r, _awake_at(r), released=r.offset in skip) for r in records]
+                    self._queues.setdefault(tp, deque()).extend(entries)
                     self.stats.consumed += len(records)
+                    if tp in self._waits:  # a newcomer may be due before the record it queues behind
+                        earliest = min(e.awake_at if e.awake_at is not None else 0 for e in entries)
+                        self._waits[tp] = min(self._waits[tp], earliest)
             async with self._batch_lock:
                 outputs, offsets = self._decide()
                 if outputs or offsets:
