@@ -45,7 +45,7 @@ class Report:
         return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, self.rows)])
 
 
-async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profile: bool) -> Report:
+async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profile: bool, external: bool) -> Report:
     report = Report()
     n = 5_000 if quick else 50_000
     warm = 0 if quick else 1
@@ -98,7 +98,7 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
             report.data["max_logical_rate"] = max_rate
         report.data["lateness"] = []
         for rate in rates:
-            result = await engine.lateness_at_rate(bootstrap, rate, seconds, ladder)
+            result = await engine.lateness_at_rate(bootstrap, rate, seconds, ladder, external=external)
             report.data["lateness"].append(result)
             target = "p99 <= 10 ms" if rate == 1_000.0 else ("p99 <= 50 ms" if hop_rate and abs(rate - 0.5 * report.data["max_logical_rate"]) < 2 else "")
             limit = 10 if rate == 1_000.0 else 50
@@ -112,7 +112,7 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
         levels = [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]
         report.data["backlog"] = {}
         for audit in (False, True):
-            rows = await engine.backlog_rss(bootstrap, levels, audit=audit)
+            rows = await engine.backlog_rss(bootstrap, levels, audit=audit, external=external)
             report.data["backlog"]["audit_on" if audit else "audit_off"] = rows
             label = "audit on: + record-states table in memory" if audit else "delay engine only, audit off"
             for r in rows:
@@ -122,7 +122,7 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
             report.add(f"backlog RSS growth {levels[0]:,} -> {levels[-1]:,} ({label})", f"{growth:.0f} MB ({per_record:.0f} B/record)",
                        "flat (< 50 MB)" if not audit else "", growth < 50 if not audit else None)
     if "recovery" in sections:
-        seconds = await engine.recovery_after_sigkill(bootstrap)
+        seconds = await engine.recovery_after_sigkill(bootstrap, external=external)
         report.data["recovery_s"] = seconds
         report.add("recovery: SIGKILL to first delivery by the replacement", f"{seconds:.1f} s")
     if "redis" in sections:
@@ -162,12 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = 1 if args.quick else args.runs
     broker = None if args.broker else EmbeddedBroker().start()
     bootstrap = args.broker or broker.bootstrap  # type: ignore[union-attr]
-    if broker is not None:
-        os.environ.pop("DELAYAPP_TEST_BROKER", None)
     print(f"delayapp bench on {bootstrap} ({'embedded Tansu' if broker else 'given broker'}), "
           f"{machine()['cores']} cores ({machine()['cpu']}), {runs} run(s) per figure", flush=True)
     try:
-        report = asyncio.run(run(bootstrap, sections, args.quick, runs, args.profile))
+        report = asyncio.run(run(bootstrap, sections, args.quick, runs, args.profile, external=broker is None))
     finally:
         if broker:
             broker.stop()

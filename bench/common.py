@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from delayapp.chaos.procs import create_topics, unique  # noqa: F401  (shared with tests and chaos)
 
 VALUE_1KB = b"v" * 1000
 
@@ -28,19 +29,6 @@ def machine() -> dict:
     except OSError:
         pass
     return {"cores": os.cpu_count(), "cpu": model}
-
-
-async def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
-    """Create topics that do not exist yet."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        new = [NewTopic(n, partitions, 1) for n in names if n not in existing]
-        if new:
-            await admin.create_topics(new)
-    finally:
-        await admin.close()
 
 
 async def preload(bootstrap: str, topic: str, count: int, headers_for: Callable[[int], list], value: bytes = VALUE_1KB) -> None:
@@ -89,9 +77,3 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
-
-def unique(prefix: str) -> str:
-    """A fresh topic/group name."""
-    import uuid
-
-    return f"{prefix}{uuid.uuid4().hex[:8]}"

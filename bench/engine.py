@@ -32,7 +32,7 @@ async def hop_throughput(bootstrap: str, count: int, *, audit: bool, partitions:
     layout = TopicLayout(prefix, settings.ladder)
     await bootstrap_topics(settings, layout)
     sink = f"{prefix}-sink"
-    await create_topics(bootstrap, [sink], partitions)
+    await create_topics(bootstrap, sink, partitions=partitions)
     past = str(now_ms() - 1000).encode()
     base = [*HEADERS, (h.REACTIVATE_TO_TOPIC, sink.encode()), (h.REACTIVATE_AT, past), (h.AWAKE_AT, past),
             (h.ORIGINATED_AT, past), (h.TIME_RETRIED, b"0")]
@@ -77,24 +77,25 @@ def hop_counts(ladder: str, delays: list[int]) -> tuple[float, float]:
     return statistics.mean(planner.hop_count(d) for d in delays), statistics.mean(len(greedy_plan(lad, d)) for d in delays)
 
 
-def worker_env(bootstrap: str, prefix: str, ladder: str, partitions: int = 4) -> dict[str, str]:
+def worker_env(bootstrap: str, prefix: str, ladder: str, *, external: bool, partitions: int = 4) -> dict[str, str]:
+    """A worker of ``ladder`` on ``bootstrap``; ``external`` for a real broker (no embedded-broker settings)."""
     return {
         "DELAYAPP_BROKER": bootstrap, "DELAYAPP_TOPIC_PREFIX": prefix, "DELAYAPP_APP_ID": prefix,
         "DELAYAPP_DENOMINATIONS": ladder, "DELAYAPP_PARTITIONS": str(partitions),
         "DELAYAPP_SESSION_TIMEOUT_MS": "6000", "DELAYAPP_HEARTBEAT_INTERVAL_MS": "1500",
-        "DELAYAPP_ALLOWED_TARGETS": f"{prefix}-*", "DELAYAPP_MAX_DELAY": "1d", **embedded_broker_env(),
+        "DELAYAPP_ALLOWED_TARGETS": f"{prefix}-*", "DELAYAPP_MAX_DELAY": "1d", **embedded_broker_env(bootstrap if external else None),
     }
 
 
-async def lateness_at_rate(bootstrap: str, rate: float, seconds: float, ladder: str = "100ms,1s,5s") -> dict:
+async def lateness_at_rate(bootstrap: str, rate: float, seconds: float, ladder: str = "100ms,1s,5s", *, external: bool = False) -> dict:
     """Lateness (write time minus due) of records scheduled at ``rate``/s with 1-3 s delays,
     through a real ``faust -A delayapp worker`` process."""
     prefix = unique("lat")
     target = f"{prefix}-out"
-    worker = WorkerProcess(worker_env(bootstrap, prefix, ladder), name=prefix).start()
+    worker = WorkerProcess(worker_env(bootstrap, prefix, ladder, external=external), name=prefix).start()
     try:
         await worker.wait_ready(loops=1 + len(ladder.split(",")))
-        await create_topics(bootstrap, [target], 4)
+        await create_topics(bootstrap, target, partitions=4)
         collector = await TopicCollector(bootstrap, [target]).start()
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=2)
         await producer.start()
@@ -149,19 +150,19 @@ async def _router_committed(bootstrap: str, prefix: str, partitions: int) -> int
         await consumer.stop()
 
 
-async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True) -> list[dict]:
+async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, external: bool = False) -> list[dict]:
     """Worker RSS with ``levels`` records waiting in the 1 h topic (cumulative loads).
 
     With the audit on, the in-memory ``record-states`` table holds one entry per record in
     flight; with it off only the delay engine is measured."""
     prefix = unique("blg")
     target = f"{prefix}-out"
-    env = {**worker_env(bootstrap, prefix, "1s,1h"), "DELAYAPP_AUDIT_ENABLED": str(audit).lower()}
+    env = {**worker_env(bootstrap, prefix, "1s,1h", external=external), "DELAYAPP_AUDIT_ENABLED": str(audit).lower()}
     worker = WorkerProcess(env, name=prefix).start()
     out = []
     try:
         await worker.wait_ready(loops=3)
-        await create_topics(bootstrap, [target], 4)
+        await create_topics(bootstrap, target, partitions=4)
         idle = _rss_mb(worker.process.pid)
         loaded = 0
         for level in levels:
@@ -182,16 +183,16 @@ async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True) 
         worker.stop()
 
 
-async def recovery_after_sigkill(bootstrap: str) -> float:
+async def recovery_after_sigkill(bootstrap: str, *, external: bool = False) -> float:
     """Seconds from SIGKILL of the only worker to the first delivery by its replacement."""
     prefix = unique("rec")
     target = f"{prefix}-out"
-    env = worker_env(bootstrap, prefix, "100ms,1s")
+    env = worker_env(bootstrap, prefix, "100ms,1s", external=external)
     first = WorkerProcess(env, name=prefix).start()
     second = WorkerProcess(env, name=prefix + "b")
     try:
         await first.wait_ready(loops=3)
-        await create_topics(bootstrap, [target], 4)
+        await create_topics(bootstrap, target, partitions=4)
         collector = await TopicCollector(bootstrap, [target]).start()
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
         await producer.start()

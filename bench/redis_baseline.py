@@ -133,7 +133,7 @@ async def _envelopes(bootstrap: str, ingress: str, target: str, count: int, coun
 async def redis_run(bootstrap: str, *, poll_s: float, batch: int, count: int, rate: float | None, countdown_s: float, wait_s: float, drain: bool = False) -> dict:
     """Throughput (already-due load) or lateness (paced load) of one configuration."""
     ingress, target = unique("redis-in-"), unique("redis-out-")
-    await create_topics(bootstrap, [ingress, target], 4)
+    await create_topics(bootstrap, ingress, target, partitions=4)
     with RedisServer() as server:
         scheduler = RedisScheduler(bootstrap, server.port, ingress, poll_s, batch, drain)
         await scheduler.start()
@@ -165,7 +165,7 @@ async def redis_run(bootstrap: str, *, poll_s: float, batch: int, count: int, ra
 async def redis_bytes_per_pending(bootstrap: str, count: int) -> float:
     """Redis memory per pending record (1 KB messages due in an hour)."""
     ingress, target = unique("redis-in-"), unique("redis-out-")
-    await create_topics(bootstrap, [ingress, target], 4)
+    await create_topics(bootstrap, ingress, target, partitions=4)
     with RedisServer() as server:
         client = aioredis.Redis(port=server.port)
         before = (await client.info("memory"))["used_memory"]

@@ -19,7 +19,7 @@ HEADERS = [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333
 async def aiokafka_relay(bootstrap: str, count: int, partitions: int = 4) -> float:
     """Records/s relaying ``count`` preloaded records from one topic to another."""
     src, dst = unique("relay-src-"), unique("relay-dst-")
-    await create_topics(bootstrap, [src, dst], partitions)
+    await create_topics(bootstrap, src, dst, partitions=partitions)
     await preload(bootstrap, src, count, lambda i: HEADERS)
     consumer = AIOKafkaConsumer(src, bootstrap_servers=bootstrap, group_id=unique("relay-g-"), enable_auto_commit=False,
                                 auto_offset_reset="earliest", max_poll_records=1000, session_timeout_ms=6000, heartbeat_interval_ms=1500)
@@ -81,6 +81,6 @@ def _confluent_relay_blocking(bootstrap: str, src: str, dst: str, count: int) ->
 async def confluent_relay(bootstrap: str, count: int, partitions: int = 4) -> float:
     """Records/s of the same relay written with confluent-kafka (run in a thread)."""
     src, dst = unique("relay-src-"), unique("relay-dst-")
-    await create_topics(bootstrap, [src, dst], partitions)
+    await create_topics(bootstrap, src, dst, partitions=partitions)
     await preload(bootstrap, src, count, lambda i: HEADERS)
     return await asyncio.to_thread(_confluent_relay_blocking, bootstrap, src, dst, count)

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 from delayapp.core import headers as h
 from delayapp.core.backoff import ExponentialBackoff, backoff_ms
 from delayapp.core.durations import parse_duration
+from delayapp.core.policies import Reason
 from delayapp.engine.handler import now_ms
 
 
@@ -118,14 +119,13 @@ async def retry_later(
         delay_ms=None, awake_at=None, delayed_at=None, delay_hops=None,
     )
     if retry > settings.max_retries:
-        dead = h.encode(state, passthrough) + [
-            (h.DEAD_LETTER_REASON, b"retries-exhausted"),
-            (h.DEAD_LETTER_DETAIL, f"retry {retry} exceeds the limit of {settings.max_retries}".encode()),
-            (h.DEAD_LETTER_AT, str(now).encode()),
-            (h.DEAD_LETTER_FROM, f"{message.topic}/{message.partition}/{message.offset}".encode()),
-        ]
+        dead = h.dead_letter_headers(
+            h.encode(state, passthrough), reason=Reason.RETRIES_EXHAUSTED.value,
+            detail=f"retry {retry} exceeds the limit of {settings.max_retries}", now_ms=now,
+            source=f"{message.topic}/{message.partition}/{message.offset}",
+        )
         await _send(app, layout.dead_letter, message.key, message.value, dead)
-        return RetryOutcome(state.record_id, retry, scheduled=False, reason="retries-exhausted")
+        return RetryOutcome(state.record_id, retry, scheduled=False, reason=Reason.RETRIES_EXHAUSTED.value)
     await _send(app, layout.ingress, message.key, message.value, h.encode(new, passthrough))
     return RetryOutcome(state.record_id, retry, scheduled=True, reactivate_at=new.reactivate_at)
 

@@ -24,10 +24,9 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from delayapp.broker import EmbeddedBroker, free_port
-from delayapp.chaos.procs import TopicCollector, WorkerProcess, unique, wait_for
+from delayapp.chaos.procs import TopicCollector, WorkerProcess, create_topics, embedded_broker_env, unique, wait_for
 from delayapp.chaos.proxy import CuttableProxy
 from delayapp.core import headers as h
 
@@ -172,16 +171,8 @@ class ChaosRun:
             "DELAYAPP_INSTANCE_ID": f"{self.prefix}-slot{slot}",
             "DELAYAPP_ALLOWED_TARGETS": f"{self.prefix}-out-*",
             "DELAYAPP_MAX_DELAY": "1h",
-            **({} if c.broker else {"DELAYAPP_RECOVERY_CONSISTENCY_CHECK": "false"}),
+            **embedded_broker_env(c.broker),
         }
-
-    async def _create_targets(self, bootstrap: str) -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(t, self.config.partitions, 1) for t in self.targets])
-        finally:
-            await admin.close()
 
     async def _load(self, bootstrap: str) -> None:
         """Send every record once, up front; due times spread over the fault period."""
@@ -310,7 +301,7 @@ class ChaosRun:
             for worker in self.workers:
                 worker.start()
             await asyncio.gather(*(w.wait_ready(loops=1, timeout=120) for w in self.workers))
-            await self._create_targets(bootstrap)
+            await create_topics(bootstrap, *self.targets, partitions=c.partitions)
             await wait_for(lambda: all(len(w.loops_assigned()) >= 1 for w in self.workers), 120, "workers")
             await asyncio.sleep(c.session_timeout_ms / 1000)  # let both members settle in every group
             await self._load(bootstrap)
@@ -382,8 +373,3 @@ def result_json(result: ChaosResult) -> str:
     body = asdict(result)
     body["ok"] = result.ok
     return json.dumps(body, indent=2)
-
-
-def median(values: list[float]) -> float:
-    """Median helper for callers aggregating several runs."""
-    return statistics.median(values)

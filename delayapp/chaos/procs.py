@@ -15,14 +15,28 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from delayapp.broker import free_port
 
 
-def embedded_broker_env() -> dict[str, str]:
-    """Settings the embedded Tansu broker needs (none when DELAYAPP_TEST_BROKER names a real one):
+def embedded_broker_env(external_broker: str | None) -> dict[str, str]:
+    """Worker settings the embedded Tansu broker needs (none for an external, real broker):
     its ListOffsets under-reports multi-record batches, which trips Faust's recovery check."""
-    return {} if os.environ.get("DELAYAPP_TEST_BROKER") else {"DELAYAPP_RECOVERY_CONSISTENCY_CHECK": "false"}
+    return {} if external_broker else {"DELAYAPP_RECOVERY_CONSISTENCY_CHECK": "false"}
+
+
+async def create_topics(bootstrap: str, *names: str, partitions: int = 3) -> None:
+    """Create topics, leaving alone those that exist."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        new = [NewTopic(name, partitions, 1) for name in names if name not in existing]
+        if new:
+            await admin.create_topics(new)
+    finally:
+        await admin.close()
 
 
 def unique(prefix: str) -> str:

@@ -46,6 +46,7 @@ DEAD_LETTER_VALUE_DROPPED = "deadLetterValueDropped"
 # Largest epoch-ms timestamp accepted: 9999-12-31T23:59:59.999Z. Beyond it is a bug, not a date.
 MAX_TIMESTAMP_MS = 253_402_300_799_999
 MAX_COUNT = 1_000_000
+MAX_DETAIL_BYTES = 1_000
 MAX_RECORD_ID_LENGTH = 200
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _RECORD_ID = re.compile(r"^[\x21-\x7e]+$")
@@ -172,6 +173,17 @@ def encode(state: DelayHeaders, passthrough: Iterable[tuple[str, bytes]] = ()) -
         if value is not None:
             out.append((name, str(value).encode("ascii")))
     return out
+
+
+def dead_letter_headers(headers: Iterable[tuple[str, bytes | None]], *, reason: str, detail: str, now_ms: int, source: str) -> list:
+    """``headers`` followed by the dead-letter headers: reason, a sentence (at most 1000 bytes), when, from where."""
+    return [
+        *headers,
+        (DEAD_LETTER_REASON, reason.encode()),
+        (DEAD_LETTER_DETAIL, detail.encode("utf-8", "backslashreplace")[:MAX_DETAIL_BYTES]),
+        (DEAD_LETTER_AT, str(now_ms).encode()),
+        (DEAD_LETTER_FROM, source.encode("utf-8", "backslashreplace")),
+    ]
 
 
 def header_value(headers: Headers | None, name: str) -> bytes | None:

@@ -19,7 +19,6 @@ from delayapp.core.policies import DeadLetter, Deliver, Enqueue, Policy, Reason,
 from delayapp.engine.topics import TopicLayout
 from delayapp.errors import HeaderError
 
-MAX_DETAIL_BYTES = 1_000
 
 
 def now_ms() -> int:
@@ -155,14 +154,7 @@ class RecordHandler:
         ``deadLetterValueDropped`` then gives its size and ``deadLetterFrom`` where it still is.
         """
         source = f"{record.topic}/{record.partition}/{record.offset}"
-        detail = verdict.detail.encode("utf-8", "backslashreplace")[:MAX_DETAIL_BYTES]
-        headers = [(k, v) for k, v in (record.headers or ())]
-        headers += [
-            (h.DEAD_LETTER_REASON, verdict.reason.value.encode()),
-            (h.DEAD_LETTER_DETAIL, detail),
-            (h.DEAD_LETTER_AT, str(now).encode()),
-            (h.DEAD_LETTER_FROM, source.encode("utf-8", "backslashreplace")),
-        ]
+        headers = h.dead_letter_headers(record.headers or (), reason=verdict.reason.value, detail=verdict.detail, now_ms=now, source=source)
         if drop_value:
             headers.append((h.DEAD_LETTER_VALUE_DROPPED, str(len(record.value or b"")).encode()))
         retries = (state.time_retried or 0) if state else 0

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+import os
 
-from delayapp.chaos.procs import TopicCollector as Collector, WorkerProcess, embedded_broker_env, unique, wait_for
+from aiokafka import AIOKafkaProducer
+
+from delayapp.chaos.procs import TopicCollector as Collector, WorkerProcess, create_topics, embedded_broker_env, unique, wait_for
 
 __all__ = ["Collector", "Worker", "create_topics", "producer", "unique", "wait_for", "TEST_LADDER", "SESSION_MS"]
 
 TEST_LADDER = "200ms,1s,3s"
 SESSION_MS = 6_000
-
-
-async def create_topics(bootstrap: str, *names: str, partitions: int = 3) -> None:
-    """Create topics (ignoring ones that exist)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        for name in names:
-            try:
-                await admin.create_topics([NewTopic(name, partitions, 1)])
-            except TopicAlreadyExistsError:
-                pass
-    finally:
-        await admin.close()
 
 
 async def producer(bootstrap: str) -> AIOKafkaProducer:
@@ -48,7 +34,7 @@ class Worker(WorkerProcess):
                 "DELAYAPP_SESSION_TIMEOUT_MS": str(SESSION_MS),
                 "DELAYAPP_HEARTBEAT_INTERVAL_MS": "1500",
                 "DELAYAPP_MAX_DELAY": "1h",
-                **embedded_broker_env(),
+                **embedded_broker_env(os.environ.get("DELAYAPP_TEST_BROKER")),
                 **env,
             },
             app=app,
