@@ -98,3 +98,4 @@ class Engine(DelayEngine):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(settings=settings, **kwargs)
+from delayapp import cli  # noqa: E402,F401  registers the commands

@@ -51,3 +51,11 @@ class EmbeddedBrokerError(BrokerError):
     """The embedded Tansu broker could not be found or started."""
 
     retriable = False
+
+
+class CommandError(DelayAppError):
+    """A command-line request cannot be carried out as asked (bad input, nothing there)."""
+
+
+class RecordNotFound(CommandError):
+    """No record with the asked id is known to the worker's read model."""
