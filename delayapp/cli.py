@@ -99,7 +99,7 @@ async def schedule(
     self.say(f"ingress    {done.topic}/{done.partition}/{done.offset}")
     self.say(f"target     {target}")
     self.say(f"due        {render.when(done.due_ms, now)}")
-    self.say(f"hops       {render.plan_text(done.due_ms - now, done.hops)}, re-planned at every hop")
+    self.say(f"hops       {render.plan_text(done.delay_ms, done.hops)}, re-planned at every hop")
 
 
 @app.command(argument("delay"))
@@ -150,10 +150,11 @@ async def topics(self: Any, action: str) -> None:
     self.say(render.table(("TOPIC", "EXISTS", "PARTITIONS", "RETENTION", "NEEDS", "STATE"), rows))
     if not report.retention_reported:
         self.say("retention not reported by broker (it refused DescribeConfigs): retention NOT verified")
-    bad = [t.name for t in report.topics if not t.ok]
-    if bad:
-        _fail(f"{len(bad)} of {len(report.topics)} topics missing or keeping records too briefly "
-              "(faust -A delayapp topics create creates missing ones)", EXIT_FAILED)
+    missing = sum(not t.exists for t in report.topics)
+    short = sum(t.retention_too_short for t in report.topics)
+    if missing or short:
+        _fail(f"{missing} of {len(report.topics)} topics missing (faust -A delayapp topics create), "
+              f"{short} keeping records too briefly (raise retention.ms)", EXIT_FAILED)
     self.say(f"all {len(report.topics)} topics ok")
 
 

@@ -33,7 +33,9 @@ def relative(ms: int | None, now_ms: int) -> str:
     if ms is None:
         return "-"
     delta = ms - now_ms
-    if abs(delta) < 1:
+    if abs(delta) >= 10_000:  # milliseconds are noise beyond ten seconds
+        delta = round(delta / 1000) * 1000
+    if delta == 0:
         return "now"
     return f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(-delta)} ago"
 

@@ -22,6 +22,7 @@ from aiokafka.errors import KafkaError
 
 from delayapp.client import schedule, schedule_headers
 from delayapp.core import headers as h
+from delayapp.core.durations import format_duration
 from delayapp.core.planner import Hop, Planner
 from delayapp.core.policies import stable_record_id
 from delayapp.core.replay import DeadLetterInfo, ReplayFilter, Skip, dead_letter_info, replay_key, replay_record_headers
@@ -62,6 +63,7 @@ class Scheduled:
     partition: int
     offset: int
     due_ms: int
+    delay_ms: int  # from when it was sent
     hops: list[Hop]
 
 
@@ -98,7 +100,7 @@ async def schedule_record(
     due = max(due, valid_at_ms or 0)
     if due - sent_at > settings.max_delay:
         raise CommandError(
-            f"due in {due - sent_at} ms, beyond the maximum delay of {settings.max_delay} ms (DELAYAPP_MAX_DELAY): "
+            f"due in {format_duration(due - sent_at)}, beyond the maximum delay of {format_duration(settings.max_delay)} (DELAYAPP_MAX_DELAY): "
             "the router would dead-letter it (delay-too-long)"
         )
     producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all")
@@ -113,7 +115,7 @@ async def schedule_record(
     assigned = record_id is None
     # Without an id the router derives it from where the record entered: the same formula here
     rid = record_id or stable_record_id(meta.topic, meta.partition, meta.offset, meta.timestamp)
-    return Scheduled(rid, assigned, meta.topic, meta.partition, meta.offset, due, Planner(settings.ladder).plan(due - now_ms()))
+    return Scheduled(rid, assigned, meta.topic, meta.partition, meta.offset, due, due - sent_at, Planner(settings.ladder).plan(due - sent_at))
 
 
 # -- topics --------------------------------------------------------------------------------------
