@@ -22,7 +22,7 @@ from delayapp.core.durations import format_duration, parse_duration
 from delayapp.core.instants import AGO, FROM_NOW, format_instant, parse_instant
 from delayapp.core.planner import Planner
 from delayapp.core.replay import ReplayFilter
-from delayapp.errors import BrokerError, CommandError, ConfigError, RecordNotFound
+from delayapp.errors import BrokerError, CommandError, ConfigError, LookupFailed
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -40,7 +40,7 @@ def _exit_codes() -> Iterator[None]:
     """Turn delayapp's and Kafka's errors into a one-line message and an exit code."""
     try:
         yield
-    except RecordNotFound as exc:
+    except LookupFailed as exc:
         _fail(str(exc), EXIT_FAILED)
     except (CommandError, ConfigError) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
@@ -97,7 +97,7 @@ async def schedule(
     assigned = "  (assigned by the router from where the record entered)" if done.record_id_assigned else ""
     self.say(f"scheduled  {done.record_id}{assigned}")
     self.say(f"ingress    {done.topic}/{done.partition}/{done.offset}")
-    self.say(f"target     {target}")
+    self.say(f"target     {target}" + ("  (priority lane)" if priority else ""))
     self.say(f"due        {render.when(done.due_ms, now)}")
     self.say(f"hops       {render.plan_text(done.delay_ms, done.hops)}, re-planned at every hop")
 

@@ -57,5 +57,15 @@ class CommandError(DelayAppError):
     """A command-line request cannot be carried out as asked (bad input, nothing there)."""
 
 
-class RecordNotFound(CommandError):
+class LookupFailed(DelayAppError):
+    """A command could not find what it was asked about."""
+
+
+class RecordNotFound(LookupFailed):
     """No record with the asked id is known to the worker's read model."""
+
+
+class WorkerUnavailable(LookupFailed):
+    """No delayapp worker answers at the address a command was given."""
+
+    retriable = True

@@ -66,6 +66,10 @@ def status_lines(state: dict[str, Any], now_ms: int) -> list[str]:
     if state.get("topic") is not None:
         where = f"{state['topic']}/{state.get('partition')}/{state.get('offset')}"
     lateness = state.get("lateness_ms")
+    cancel = state.get("cancel") or {}
+    cancelled = None
+    if cancel:
+        cancelled = f"{when(cancel.get('cancelled_at'), now_ms)} by {cancel.get('by') or '-'}: {cancel.get('reason') or '-'}"
     pairs = [
         ("record", state.get("record_id")),
         ("status", state.get("status")),
@@ -77,6 +81,7 @@ def status_lines(state: dict[str, Any], now_ms: int) -> list[str]:
         ("due", when(state.get("reactivate_at"), now_ms) if state.get("reactivate_at") is not None else None),
         ("lateness", f"{lateness} ms" if lateness is not None else None),
         ("reason", state.get("reason")),
+        ("cancelled", cancelled),
         ("updated", when(state.get("at"), now_ms) if state.get("at") is not None else None),
     ]
     width = max(len(name) for name, _ in pairs)

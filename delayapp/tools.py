@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 from urllib.parse import quote
 
 import aiohttp
@@ -28,14 +29,10 @@ from delayapp.core.policies import stable_record_id
 from delayapp.core.replay import DeadLetterInfo, ReplayFilter, Skip, dead_letter_info, replay_key, replay_record_headers
 from delayapp.engine.service import bootstrap_topics, probe_transactions
 from delayapp.engine.topics import TopicLayout, describe_retention, topic_specs
-from delayapp.errors import BrokerError, CommandError, HeaderError, RecordNotFound
+from delayapp.errors import BrokerError, CommandError, HeaderError, RecordNotFound, WorkerUnavailable
 from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
-
-# The lead adds this to delayapp.core.headers as PRIORITY (value "high"): the priority lane.
-PRIORITY_HEADER = "delayPriority"
-PRIORITY_HIGH = b"high"
 
 SCAN_IDLE_MS = 1_000
 SCAN_STALL_S = 30.0
@@ -89,10 +86,9 @@ async def schedule_record(
     """
     if (delay_ms is None) == (at_ms is None):
         raise CommandError("give exactly one of --delay and --at")
-    extra = [*headers, *([(PRIORITY_HEADER, PRIORITY_HIGH)] if priority else [])]
     when: dict[str, Any] = {"delay": delay_ms} if delay_ms is not None else {"at": at_ms}
     try:
-        h.decode(schedule_headers(target, record_id=record_id, **when))
+        h.decode(schedule_headers(target, record_id=record_id, priority=priority, **when))
     except HeaderError as exc:
         raise CommandError(str(exc)) from None
     sent_at = now_ms()
@@ -108,7 +104,7 @@ async def schedule_record(
     try:
         meta = await schedule(
             producer, target, value, key=key, ingress_topic=layout.ingress, record_id=record_id,
-            valid_at=valid_at_ms, expire_at=expire_at_ms, headers=extra, **when,
+            valid_at=valid_at_ms, expire_at=expire_at_ms, priority=priority, headers=list(headers), **when,
         )
     finally:
         await producer.stop()
@@ -205,7 +201,7 @@ async def fetch_status(url: str, record_id: str, *, timeout_s: float = 10.0) -> 
     """A record's state from a worker's ``GET /delay/records/{id}`` view.
 
     Raises :class:`RecordNotFound` for an id the read model does not know, and
-    :class:`CommandError` when no worker answers there or the answer is not the view's.
+    :class:`WorkerUnavailable` when no worker answers there or the answer is not the view's.
     """
     address = f"{url.rstrip('/')}/delay/records/{quote(record_id, safe='')}"
     try:
@@ -214,7 +210,7 @@ async def fetch_status(url: str, record_id: str, *, timeout_s: float = 10.0) -> 
                 body = await response.read()
                 status = response.status
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise CommandError(f"no worker answers at {url} ({type(exc).__name__}: {exc}); is `faust -A delayapp worker` running? (--url)") from None
+        raise WorkerUnavailable(f"no worker answers at {url} ({type(exc).__name__}: {exc}); is `faust -A delayapp worker` running? (--url)") from None
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -222,7 +218,7 @@ async def fetch_status(url: str, record_id: str, *, timeout_s: float = 10.0) -> 
     if status == 404 and isinstance(data, dict) and "error" in data:
         raise RecordNotFound(f"record {record_id}: {data['error']}")
     if status != 200 or not isinstance(data, dict):
-        raise CommandError(f"{address} answered HTTP {status} without a record state: is this a delayapp worker with the /delay/records view?")
+        raise WorkerUnavailable(f"{address} answered HTTP {status} without a record state: is this a delayapp worker with the /delay/records view?")
     return data
 
 
@@ -406,13 +402,25 @@ async def replay_dead_letters(
     if dry_run or not todo:
         report.replayed = [(dead, "(dry run)") for dead, _ in todo] if dry_run else []
         return report
-    report.transactional = await probe_transactions(settings, required=False)
+    with _quiet("aiokafka"):  # a broker without transactions makes aiokafka log an ERROR: expected here
+        report.transactional = await probe_transactions(settings, required=False)
     on_start(len(todo))
     if report.transactional:
         await _replay_transactional(settings, layout, todo, report, on_progress)
     else:
         await _replay_record_then_marker(settings, layout, todo, report, on_progress)
     return report
+
+
+@contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 async def _send_one(producer: AIOKafkaProducer, layout: TopicLayout, dead: DeadLetter, headers: list[tuple[str, bytes]]) -> str:
