@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import IO, Any, Iterator, NoReturn
 
 import click
+import orjson
 from aiokafka.errors import KafkaError
 from faust.cli import argument, option
 from tqdm import tqdm
@@ -135,7 +136,7 @@ async def topics(self: Any, action: str) -> None:
     """create: create the missing delayapp topics; check: list them against what they need."""
     with _exit_codes():
         if action == "create":
-            created = await tools.create_topics(settings, layout)
+            created = await tools.create_missing_topics(settings, layout)
             self.say(f"created {len(created)} topics" + (":\n  " + "\n  ".join(created) if created else " (all exist)"))
             return
         report = await tools.check_topics(settings, layout)
@@ -163,10 +164,10 @@ async def topics(self: Any, action: str) -> None:
     option("--url", default=None, help="the worker's web server [default: http://DELAYAPP_WEB_HOST:DELAYAPP_WEB_PORT]"),
 )
 async def status(self: Any, record_id: str, url: str | None) -> None:
-    """Print a record's state (waiting, delivered, dead_lettered, cancelled) from a worker."""
+    """Print a record's state (waiting, delivered, dead_lettered, cancelled) from a worker (faust --json: as JSON)."""
     with _exit_codes():
         state = await tools.fetch_status(url or tools.default_status_url(settings), record_id)
-    self.say("\n".join(render.status_lines(state, tools.now_ms())))
+    self.say(orjson.dumps(state).decode() if self.json else "\n".join(render.status_lines(state, tools.now_ms())))
 
 
 def _selection(reasons: tuple[str, ...], target: str | None, since: str | None, until: str | None) -> ReplayFilter:
@@ -188,6 +189,15 @@ def _dead_letter_rows(scan: tools.DeadLetterScan) -> list[tuple[Any, ...]]:
     ]
 
 
+def _dead_letter_json(scan: tools.DeadLetterScan, dead: tools.DeadLetter) -> dict[str, Any]:
+    info = dead.info
+    return {
+        "topic": dead.topic, "partition": dead.partition, "offset": dead.offset, "dead_letter_at": info.at_ms,
+        "reason": info.reason, "detail": info.detail, "origin": info.origin, "target": info.target,
+        "record_id": info.record_id, "replayed": scan.replayed(dead),
+    }
+
+
 @app.command(
     argument("action", type=click.Choice(["list", "replay"])),
     option("--reason", "reasons", multiple=True, help="only this deadLetterReason (repeatable), e.g. unknown-target"),
@@ -202,7 +212,7 @@ async def dlq(
     self: Any, action: str, reasons: tuple[str, ...], target: str | None, since: str | None, until: str | None,
     limit: int | None, delay: str | None, dry_run: bool,
 ) -> None:
-    """list: show dead letters; replay: send them back to the ingress topic, each at most once."""
+    """list: show dead letters (faust --json: as JSON); replay: send them back to the ingress topic, each at most once."""
     with _exit_codes():
         selection = _selection(reasons, target, since, until)
         if action == "list":
@@ -211,6 +221,9 @@ async def dlq(
             scan = await tools.scan_dead_letters(settings, layout, selection, limit=limit)
         else:
             report = await _replay(selection, parse_duration(delay) if delay else None, dry_run, limit)
+    if action == "list" and self.json:  # faust --json -A delayapp dlq list: one object per dead letter
+        self.say(orjson.dumps([_dead_letter_json(scan, d) for d in scan.selected]).decode())
+        return
     if action == "list":
         self.say(render.table(("PARTITION/OFFSET", "DEAD-LETTERED AT", "REASON", "TARGET", "RECORD ID", "REPLAYED", "DETAIL"), _dead_letter_rows(scan)))
         more = " (more match: raise --limit)" if scan.truncated else ""

@@ -156,7 +156,7 @@ class TopicsReport:
         return all(t.ok for t in self.topics)
 
 
-async def create_topics(settings: Settings, layout: TopicLayout) -> list[str]:
+async def create_missing_topics(settings: Settings, layout: TopicLayout) -> list[str]:
     """Create the missing delayapp topics (as a worker does at start); the names created."""
     return await bootstrap_topics(settings.model_copy(update={"create_topics": True}), layout)
 

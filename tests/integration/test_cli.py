@@ -8,6 +8,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+import orjson
 import pytest
 
 from delayapp.core import headers as h
@@ -130,8 +131,12 @@ async def test_schedule_delivers_and_status_reports(bootstrap: str) -> None:
         )
         assert re.search(r"^next awake\s+\S+Z \(in \S+\)$", shown.out, re.M)
         assert re.search(rf"^where\s+{re.escape(prefix)}\.delay\.3s\.priority/\d+/\d+$", shown.out, re.M)
+        as_json = orjson.loads((await cli(bootstrap, prefix, "--json", "status", record_id, "--url", url)).out)
+        assert (as_json["record_id"], as_json["status"], as_json["target"]) == (record_id, "delivered", target)
         unknown = await cli(bootstrap, prefix, "status", "no-such-record", "--url", url)
         assert unknown.code == 1 and "no-such-record" in unknown.err
+        nobody = await cli(bootstrap, prefix, "status", record_id, "--url", "http://127.0.0.1:9")
+        assert nobody.code == 1 and "no worker answers" in nobody.err
     finally:
         await collector.stop()
         worker.stop()
@@ -174,6 +179,8 @@ async def test_dlq_list_filters_and_replay_delivers_once(bootstrap: str) -> None
         everything = await wait_for(listed, 60, "two records dead-lettered as unknown-target", interval=0.5)
         assert "4 dead letters shown; 4 read" in everything.out, everything.out
         assert "2020-09-13T12:26:40.000Z" in everything.out and "expired" in everything.out
+        as_json = orjson.loads((await cli(bootstrap, prefix, "--json", "dlq", "list", "--reason", "expired")).out)
+        assert [(d["reason"], d["target"], d["dead_letter_at"], d["replayed"]) for d in as_json] == [("expired", "elsewhere", 1_600_000_000_000, None)]
         by_reason = await cli(bootstrap, prefix, "dlq", "list", "--reason", "expired")
         assert "1 dead letters shown; 4 read" in by_reason.out and "elsewhere" in by_reason.out
         by_target = await cli(bootstrap, prefix, "dlq", "list", "--target", "cli-late-*", "--since", "1h")
