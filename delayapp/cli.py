@@ -182,7 +182,7 @@ def _selection(reasons: tuple[str, ...], target: str | None, since: str | None, 
 def _dead_letter_rows(scan: tools.DeadLetterScan) -> list[tuple[Any, ...]]:
     return [
         (
-            f"{d.partition}/{d.offset}", format_instant(d.info.at_ms), d.info.reason, d.info.target, d.info.record_id,
+            f"{d.record.partition}/{d.record.offset}", format_instant(d.info.at_ms), d.info.reason, d.info.target, d.info.record_id,
             "yes" if scan.replayed(d) is not None else "no", render.truncate(d.info.detail, DETAIL_WIDTH),
         )
         for d in scan.selected
@@ -192,7 +192,7 @@ def _dead_letter_rows(scan: tools.DeadLetterScan) -> list[tuple[Any, ...]]:
 def _dead_letter_json(scan: tools.DeadLetterScan, dead: tools.DeadLetter) -> dict[str, Any]:
     info = dead.info
     return {
-        "topic": dead.topic, "partition": dead.partition, "offset": dead.offset, "dead_letter_at": info.at_ms,
+        "topic": dead.record.topic, "partition": dead.record.partition, "offset": dead.record.offset, "dead_letter_at": info.at_ms,
         "reason": info.reason, "detail": info.detail, "origin": info.origin, "target": info.target,
         "record_id": info.record_id, "replayed": scan.replayed(dead),
     }

@@ -82,13 +82,15 @@ async def schedule_record(
     """Write one record to the ingress topic for delivery to ``target`` (see ``client.schedule``).
 
     Refuses, with :class:`CommandError`, what the router would only dead-letter: both or
-    neither of delay and due time, a malformed target or record id, a delay over the maximum.
+    neither of delay and due time, a malformed target or record id, a delay header given
+    again as an extra header, a delay over the maximum, an expiry before the due time.
     """
     if (delay_ms is None) == (at_ms is None):
         raise CommandError("give exactly one of --delay and --at")
     when: dict[str, Any] = {"delay": delay_ms} if delay_ms is not None else {"at": at_ms}
+    headers = list(headers)
     try:
-        h.decode(schedule_headers(target, record_id=record_id, priority=priority, **when))
+        h.decode(schedule_headers(target, record_id=record_id, priority=priority, headers=headers, **when))
     except HeaderError as exc:
         raise CommandError(str(exc)) from None
     sent_at = now_ms()
@@ -99,12 +101,14 @@ async def schedule_record(
             f"due in {format_duration(due - sent_at)}, beyond the maximum delay of {format_duration(settings.max_delay)} (DELAYAPP_MAX_DELAY): "
             "the router would dead-letter it (delay-too-long)"
         )
+    if expire_at_ms is not None and expire_at_ms <= due:
+        raise CommandError(f"it expires ({expire_at_ms}) before it is due ({due}): the router would dead-letter it (expires-before-due)")
     producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all")
     await producer.start()
     try:
         meta = await schedule(
             producer, target, value, key=key, ingress_topic=layout.ingress, record_id=record_id,
-            valid_at=valid_at_ms, expire_at=expire_at_ms, priority=priority, headers=list(headers), **when,
+            valid_at=valid_at_ms, expire_at=expire_at_ms, priority=priority, headers=headers, **when,
         )
     finally:
         await producer.stop()
@@ -284,21 +288,16 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int] | None
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """One record of the dead-letter topic, with what its headers say."""
+    """One record of the dead-letter topic (as aiokafka read it), with what its headers say."""
 
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
+    record: Any
     headers: list[tuple[str, bytes]]
     info: DeadLetterInfo
 
     @property
     def marker_key(self) -> str:
         """Its key in the replay-marker topic."""
-        return replay_key(self.topic, self.partition, self.offset)
+        return replay_key(self.record.topic, self.record.partition, self.record.offset)
 
 
 @dataclass
@@ -346,7 +345,7 @@ async def scan_dead_letters(
         info = dead_letter_info(headers)
         if not selection.matches_info(info):
             continue
-        dead = DeadLetter(record.topic, record.partition, record.offset, record.timestamp, record.key, record.value, headers, info)
+        dead = DeadLetter(record, headers, info)
         if skip_replayed and scan.replayed(dead) is not None:
             scan.skipped_replayed += 1
             continue
@@ -394,7 +393,7 @@ async def replay_dead_letters(
     todo: list[tuple[DeadLetter, list[tuple[str, bytes]]]] = []
     now = now_ms()
     for dead in scan.selected:
-        headers = replay_record_headers(dead.headers, source_key=dead.marker_key, value_is_null=dead.value is None, now_ms=now, delay_ms=delay_ms)
+        headers = replay_record_headers(dead.headers, source_key=dead.marker_key, value_is_null=dead.record.value is None, now_ms=now, delay_ms=delay_ms)
         if isinstance(headers, Skip):
             report.unreplayable.append((dead, headers.why))
         else:
@@ -424,7 +423,7 @@ def _quiet(logger_name: str) -> Iterator[None]:
 
 
 async def _send_one(producer: AIOKafkaProducer, layout: TopicLayout, dead: DeadLetter, headers: list[tuple[str, bytes]]) -> str:
-    meta = await producer.send_and_wait(layout.ingress, dead.value, key=dead.key, headers=headers)
+    meta = await producer.send_and_wait(layout.ingress, dead.record.value, key=dead.record.key, headers=headers)
     where = f"{meta.topic}/{meta.partition}/{meta.offset}"
     marker = {"replayed_at": now_ms(), "record_id": dead.info.record_id, "to": where}
     await producer.send_and_wait(layout.dead_letter_replayed, orjson.dumps(marker), key=dead.marker_key.encode())

@@ -112,6 +112,8 @@ async def test_schedule_delivers_and_status_reports(bootstrap: str) -> None:
             (("--at", "1700000000"), "not epoch milliseconds"),
             (("--delay", "2h"), "beyond the maximum delay"),
             (("--delay", "1s", "--header", "novalue"), "name=value"),
+            (("--delay", "1s", "--header", "delayMs=5"), "appears more than once"),
+            (("--delay", "10m", "--expire-at", "1m"), "expires-before-due"),
         ]:
             bad = await cli(bootstrap, prefix, "schedule", "--target", target, "--value", "x", *args)
             assert bad.code == 2 and message in bad.err, (args, bad)
