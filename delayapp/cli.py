@@ -22,12 +22,14 @@ from delayapp.application import app, layout, settings
 from delayapp.core.durations import format_duration, parse_duration
 from delayapp.core.instants import AGO, FROM_NOW, format_instant, parse_instant
 from delayapp.core.planner import Planner
+from delayapp.core.policies import Reason
 from delayapp.core.replay import ReplayFilter
 from delayapp.errors import BrokerError, CommandError, ConfigError, LookupFailed
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 DETAIL_WIDTH = 60
+SUMMARY_LINES = 20  # per kind in a replay summary; the counts cover the rest
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -82,8 +84,6 @@ async def schedule(
     """Hand one record to delayapp: it is delivered to --target after --delay or at --at."""
     with _exit_codes():
         now = tools.now_ms()
-        if (delay is None) == (at is None):
-            raise CommandError("give exactly one of --delay and --at")
         done = await tools.schedule_record(
             settings, layout, target=target, value=_read_value(value, value_file),
             key=key.encode() if key is not None else None,
@@ -200,7 +200,7 @@ def _dead_letter_json(scan: tools.DeadLetterScan, dead: tools.DeadLetter) -> dic
 
 @app.command(
     argument("action", type=click.Choice(["list", "replay"])),
-    option("--reason", "reasons", multiple=True, help="only this deadLetterReason (repeatable), e.g. unknown-target"),
+    option("--reason", "reasons", multiple=True, type=click.Choice([r.value for r in Reason]), help="only this deadLetterReason (repeatable)"),
     option("--target", default=None, help="only targets matching this shell pattern, e.g. 'orders.*'"),
     option("--since", default=None, help="dead-lettered at or after: epoch ms, ISO-8601 or a duration ago (1h)"),
     option("--until", default=None, help="dead-lettered before: epoch ms, ISO-8601 or a duration ago"),
@@ -249,17 +249,23 @@ async def _replay(selection: ReplayFilter, delay_ms: int | None, dry_run: bool, 
             bar["bar"].close()
 
 
+def _at_most(lines: list[str], most: int = SUMMARY_LINES) -> list[str]:
+    return lines if len(lines) <= most else lines[:most] + [f"  ... and {len(lines) - most} more"]
+
+
 def _replay_summary(report: tools.ReplayReport) -> list[str]:
     verb = "would replay" if report.dry_run else "replayed"
     lines = [
         f"selected {report.selected}: {verb} {len(report.replayed)}, already replayed {report.already_replayed}, "
         f"unreplayable {len(report.unreplayable)}"
     ]
-    lines += [f"  {verb} {d.marker_key} -> {where}  (record {d.info.record_id or '-'}, {d.info.reason})" for d, where in report.replayed]
-    lines += [f"  unreplayable {d.marker_key}: {why}" for d, why in report.unreplayable]
+    lines += _at_most(
+        [f"  {verb} {d.marker_key} -> {where}  (record {d.info.record_id or '-'}, {d.info.reason})" for d, where in report.replayed]
+    )
+    lines += _at_most([f"  unreplayable {d.marker_key}: {why}" for d, why in report.unreplayable])
     if report.replayed and not report.dry_run:
         lines.append(
-            "record and marker written in one transaction each" if report.transactional else
+            "each record and its marker written in one transaction" if report.transactional else
             "broker without transactions: each record written first, then its marker (a crash in between replays that one again)"
         )
     return lines
