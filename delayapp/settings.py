@@ -198,3 +198,11 @@ def load_settings(**overrides: Any) -> Settings:
 def env_flag(name: str) -> bool:
     """True when environment variable ``name`` is set to 1/true/yes."""
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def markdown_table() -> str:
+    """The README's settings table: environment variable, default, meaning."""
+    rows = ["| environment variable | default | meaning |", "|---|---|---|"]
+    for env, _value, default, doc in Settings.model_construct().describe():
+        rows.append(f"| `{env}` | `{default}` | {doc} |")
+    return "\n".join(rows)
