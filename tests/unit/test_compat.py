@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import orjson
 import pytest
@@ -11,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from delayapp.compat.cesium import DELAY_BY, DELAY_UNTIL, translate_cesium
 from delayapp.compat.envelope import CALLER_SERVICE, Envelope, parse_envelope, translate_envelope
-from delayapp.compat.handler import cesium_handler, envelope_handler
+from delayapp.compat.handler import TranslatedRecord as Rec, cesium_handler, envelope_handler  # a consumed record's fields
 from delayapp.compat.loops import CompatLoop, compat_loops
 from delayapp.compat.translation import Translation
 from delayapp.core import headers as h
@@ -31,17 +30,6 @@ POLICY = build_policy(SETTINGS, LAYOUT)  # as the engine builds it
 ROUTER = RecordHandler(layout=LAYOUT, planner=Planner(LAYOUT.ladder), policy=POLICY, max_record_bytes=10_000)
 ENVELOPES = envelope_handler(ROUTER)
 RELAY = cesium_handler(ROUTER, "relayed")
-
-
-@dataclass
-class Rec:
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: list
 
 
 def envelope(**fields: object) -> bytes:
