@@ -23,7 +23,7 @@ from delayapp.settings import Settings, load_settings
 log = logging.getLogger(__name__)
 
 settings: Settings = load_settings()
-layout = TopicLayout(settings.topic_prefix, settings.ladder)
+layout = TopicLayout(settings.topic_prefix, settings.ladder, with_compat_envelope=settings.compat_envelope)
 
 
 class DelayApp(faust.App):
