@@ -23,7 +23,7 @@ from delayapp.settings import Settings, load_settings
 log = logging.getLogger(__name__)
 
 settings: Settings = load_settings()
-layout = TopicLayout(settings.topic_prefix, settings.ladder)
+layout = TopicLayout(settings.topic_prefix, settings.ladder, with_compat_envelope=settings.compat_envelope)
 
 
 class DelayApp(faust.App):
@@ -76,9 +76,11 @@ audit_topic = app.topic(
     partitions=settings.partitions, retention=timedelta(days=7),
 )
 
+# Keys are the record id's raw bytes, exactly as the audit topic is keyed: Faust routes a
+# view to the worker owning hash(serialized key), which must be the audit partition's owner.
 record_states = app.Table(
-    "record-states", default=None, partitions=settings.partitions,
-    help="per logical record id: status, retries, hops and where it is now",
+    "record-states", default=None, partitions=settings.partitions, key_type=bytes,
+    help="per logical record id (UTF-8 bytes): status, retries, hops and where it is now",
 )
 
 
@@ -92,9 +94,9 @@ async def track_records(events: Any) -> None:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             log.warning("ignoring a malformed audit event")
             continue
-        merged = merge_record_state(record_states.get(record_id), event)
+        merged = merge_record_state(record_states.get(record_id.encode()), event)
         if merged is not None:
-            record_states[record_id] = merged
+            record_states[record_id.encode()] = merged
 
 
 @app.service

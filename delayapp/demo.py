@@ -13,6 +13,7 @@ import statistics
 import time
 from datetime import datetime
 
+import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -47,7 +48,26 @@ async def ensure_target(kafka: dict) -> None:
         await admin.close()
 
 
-async def produce_waves(kafka: dict, ingress: str, engine_ready: asyncio.Event) -> None:
+async def show_worker_view(web: str, record_id: str) -> None:
+    """Print what the worker's HTTP views say about one record and about its loops."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            async with session.get(f"{web}/delay/records/{record_id}") as response:
+                state = await response.json()
+            async with session.get(f"{web}/delay/stats") as response:
+                stats = await response.json()
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        print(f"[demo] worker web view not reachable at {web} ({type(exc).__name__})", flush=True)
+        return
+    where = f"in {state.get('topic')} until {clock(state['next_awake_at'])}" if state.get("next_awake_at") else f"at {state.get('topic')}"
+    print(f"[demo] GET {web}/delay/records/{record_id}: {state.get('status')} {where}, hops {state.get('hops')}", flush=True)
+    late = [lp["lateness_ms"] for lp in stats.get("loops", {}).values() if lp["lateness_ms"]["count"]]
+    if late:
+        print(f"[demo] GET {web}/delay/stats: deliveries {stats.get('deliveries_by_target')}, "
+              f"lateness p99 per loop {[lt['p99'] for lt in late]} ms", flush=True)
+
+
+async def produce_waves(kafka: dict, ingress: str, engine_ready: asyncio.Event, web: str) -> None:
     producer = AIOKafkaProducer(**kafka, acks="all")
     await producer.start()
     wave = 0
@@ -65,9 +85,11 @@ async def produce_waves(kafka: dict, ingress: str, engine_ready: asyncio.Event) 
                 due = now + parse_duration(delay)
                 name = f"order-{wave}-{n}"
                 value = orjson.dumps({"order": name, "due": due})
-                await schedule(producer, TARGET, value, key=name.encode(), at=due, ingress_topic=ingress)
+                await schedule(producer, TARGET, value, key=name.encode(), at=due, record_id=name, ingress_topic=ingress)
                 print(f"[demo] scheduled {name:12} delay {delay:>6}  due {clock(due)}", flush=True)
-            await asyncio.sleep(WAVE_EVERY_S)
+            await asyncio.sleep(WAVE_EVERY_S / 2)
+            await show_worker_view(web, f"order-{wave}-{len(WAVE) - 1}")
+            await asyncio.sleep(WAVE_EVERY_S / 2)
     finally:
         await producer.stop()
 
@@ -109,7 +131,8 @@ async def main() -> None:
     print(f"[demo] scheduling a wave of {len(WAVE)} records every {WAVE_EVERY_S:.0f} s to {TARGET} "
           f"through {ingress} (ladder {settings.ladder}, longest {format_duration(parse_duration(WAVE[-1]))})", flush=True)
     ready = asyncio.Event()
-    tasks = [asyncio.create_task(show_deliveries(kafka, ready)), asyncio.create_task(produce_waves(kafka, ingress, ready))]
+    web = f"http://{settings.web_host}:{settings.web_port}"
+    tasks = [asyncio.create_task(show_deliveries(kafka, ready)), asyncio.create_task(produce_waves(kafka, ingress, ready, web))]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

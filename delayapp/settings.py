@@ -13,9 +13,10 @@ import ssl
 from functools import cached_property
 from typing import Any
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from delayapp.compat.translation import is_topic_name
 from delayapp.core.durations import format_duration, parse_duration
 from delayapp.core.ladder import DEFAULT_LADDER, Ladder
 from delayapp.core.throttle import TargetRate, parse_rates
@@ -84,6 +85,17 @@ class Settings(BaseSettings):
     )
     max_message_bytes: int = Field(1_048_576, description="largest record (key + value + headers) accepted; as the brokers' message.max.bytes")
 
+    # -- compat ingress -----------------------------------------------------------------------
+    compat_envelope: bool = Field(
+        False, description="read Redis-scheduler JSON envelopes {topic, message, countdown} from <prefix>.compat.envelope"
+    )
+    cesium_source: str | None = Field(
+        None, description="cesium-kafka-delay relay: your topic whose records carry cesium-delay-by / cesium-delay-until"
+    )
+    cesium_destination: str | None = Field(
+        None, description="cesium-kafka-delay relay: where the source's records go at their time (an allowed target)"
+    )
+
     # -- processing ---------------------------------------------------------------------------
     processing_guarantee: Guarantee = Field(Guarantee.AT_LEAST_ONCE, description="at_least_once or exactly_once (Kafka transactions)")
     instance_id: str = Field("", description="stable id of this worker for transactional ids (default: host-webport)")
@@ -119,6 +131,23 @@ class Settings(BaseSettings):
     @classmethod
     def _durations(cls, value: Any) -> int:
         return _ms(value)
+
+    @field_validator("cesium_source", "cesium_destination", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _cesium_pair(self) -> "Settings":
+        source, destination = self.cesium_source, self.cesium_destination
+        if (source is None) != (destination is None):
+            raise ValueError("set both DELAYAPP_CESIUM_SOURCE and DELAYAPP_CESIUM_DESTINATION, or neither")
+        for name in (source, destination):
+            if name is not None and not is_topic_name(name):
+                raise ValueError(f"cesium relay topic {name!r} is not a valid Kafka topic name")
+        if source is not None and source == destination:
+            raise ValueError(f"the cesium relay cannot read and write the same topic {source!r} (it would relay for ever)")
+        return self
 
     @field_validator("broker", mode="before")
     @classmethod
@@ -198,3 +227,11 @@ def load_settings(**overrides: Any) -> Settings:
 def env_flag(name: str) -> bool:
     """True when environment variable ``name`` is set to 1/true/yes."""
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def markdown_table() -> str:
+    """The README's settings table: environment variable, default, meaning."""
+    rows = ["| environment variable | default | meaning |", "|---|---|---|"]
+    for env, _value, default, doc in Settings.model_construct().describe():
+        rows.append(f"| `{env}` | `{default}` | {doc} |")
+    return "\n".join(rows)

@@ -115,13 +115,22 @@ class Stats(View):
 
 @app.page("/delay/records/{record_id}")
 class Record(View):
-    """Where a logical record is, its retries and status (routed to the owning worker)."""
+    """Where a logical record is, its retries and status (routed to the owning worker;
+    ``?local=true`` answers from this worker's own replica instead, for diagnosis)."""
+
+    async def get(self, request: Request, record_id: str) -> Response:
+        if request.query.get("local") in ("1", "true"):
+            return self._answer(record_id)
+        return await self._routed(request, record_id)
 
     @app.table_route(table=record_states, match_info="record_id")
-    async def get(self, request: Request, record_id: str) -> Response:
+    async def _routed(self, request: Request, record_id: str) -> Response:
+        return self._answer(record_id)
+
+    def _answer(self, record_id: str) -> Response:
         engine = app.engine
         cancel = engine.cancellations.get(record_id) if engine else None
-        state = record_states.get(record_id)
+        state = record_states.get(record_id.encode())
         if cancel is not None and state is not None and not applies_to(cancel, state.get("delayed_at")):
             cancel = None
         body = record_view(record_id, state, cancel)

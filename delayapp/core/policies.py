@@ -38,6 +38,7 @@ class Reason(str, enum.Enum):
     TOMBSTONE = "tombstone"
     OVERSIZE = "oversize"
     OVERDUE = "overdue"
+    MALFORMED_ENVELOPE = "malformed-envelope"  # compat: a Redis-scheduler JSON envelope that cannot be read
 
     def __str__(self) -> str:
         return self.value

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from mode import Service
 
+from delayapp.compat.loops import compat_loops
 from delayapp.core.headers import REACTIVATE_TO_TOPIC, header_value
 from delayapp.core.planner import Planner
 from delayapp.core.policies import Policy
@@ -99,7 +100,7 @@ class DelayEngine(Service):
     def __init__(self, *, settings: Settings, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.settings = settings
-        self.layout = TopicLayout(settings.topic_prefix, settings.ladder)
+        self.layout = TopicLayout(settings.topic_prefix, settings.ladder, with_compat_envelope=settings.compat_envelope)
         started = time.monotonic()
         self.planner = Planner(settings.ladder)
         log.info("planner ready for ladder %s in %.0f ms", settings.ladder, (time.monotonic() - started) * 1000)
@@ -154,6 +155,7 @@ class DelayEngine(Service):
             )
             for d, topic in self.layout.delay_topics.items()
         ]
+        self.loops += compat_loops(self.layout, **common)  # none unless DELAYAPP_COMPAT_ENVELOPE / DELAYAPP_CESIUM_* are set
         for hop_loop in self.loops:
             # every loop can deliver: each re-checks that targets exist (shared, cached list)
             hop_loop.before_decide = self.known_topics.ensure if s.check_target_exists else None

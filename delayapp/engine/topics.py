@@ -24,11 +24,22 @@ class TopicLayout:
 
     prefix: str
     ladder: Ladder
+    with_compat_envelope: bool = False  # DELAYAPP_COMPAT_ENVELOPE: own (create, reserve) the envelope topic
 
     @property
     def ingress(self) -> str:
         """Where producers send records to be delayed."""
         return f"{self.prefix}.ingress"
+
+    @property
+    def compat_envelope(self) -> str:
+        """Where Redis-scheduler producers send JSON envelopes (``delayapp.compat``)."""
+        return f"{self.prefix}.compat.envelope"
+
+    @property
+    def compat_topics(self) -> list[str]:
+        """The compat ingress topics this layout owns (none unless enabled)."""
+        return [self.compat_envelope] if self.with_compat_envelope else []
 
     @property
     def dead_letter(self) -> str:
@@ -73,7 +84,7 @@ class TopicLayout:
     def all_topics(self) -> list[str]:
         """Every topic delayapp owns."""
         return [
-            self.ingress, *self.delay_topics.values(), *self.priority_topics.values(),
+            self.ingress, *self.compat_topics, *self.delay_topics.values(), *self.priority_topics.values(),
             self.dead_letter, self.audit, *self.compacted_topics,
         ]
 
@@ -101,6 +112,7 @@ def topic_specs(layout: TopicLayout, *, partitions: int, margin_ms: int, dead_le
 
     return [
         spec(layout.ingress, 0),
+        *(spec(name, 0) for name in layout.compat_topics),
         *(spec(name, d) for d, name in layout.delay_topics.items()),
         *(spec(name, d) for d, name in layout.priority_topics.items()),
         spec(layout.dead_letter, dead_letter_retention_ms - margin_ms, dead_letter_retention_ms),

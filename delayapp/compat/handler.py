@@ -1,0 +1,87 @@
+"""A :class:`RecordHandler` front for compat sources: translate, then route as ingress does.
+
+The translated record keeps the source record's topic, partition, offset and timestamp, so
+its stable ``recordId``, its audit ``source`` and any ``deadLetterFrom`` point at the record
+the user produced. Every dead letter, whether the translation or the router refused it,
+carries the source record's own key, value and headers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from delayapp.compat.cesium import translate_cesium
+from delayapp.compat.envelope import translate_envelope
+from delayapp.compat.translation import Translation
+from delayapp.core import headers as h
+from delayapp.core.policies import DeadLetter, Wait
+from delayapp.engine.handler import Output, RecordHandler
+
+Translate = Callable[[Any, int], Translation | DeadLetter]
+
+
+@dataclass(frozen=True, slots=True)
+class TranslatedRecord:
+    """A consumed record's position and timestamp with the translated value and headers."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+class TranslatingHandler:
+    """Same interface as :class:`RecordHandler` (``handle``, ``dead_letter``, ``layout``)."""
+
+    def __init__(self, inner: RecordHandler, translate: Translate) -> None:
+        self.inner = inner
+        self.translate = translate
+        self.layout = inner.layout
+
+    def translated(self, record: Any, now: int) -> TranslatedRecord | DeadLetter:
+        """``record`` as the router will see it, or why it cannot be translated."""
+        result = self.translate(record, now)
+        if isinstance(result, DeadLetter):
+            return result
+        return TranslatedRecord(record.topic, record.partition, record.offset, record.timestamp, record.key, result.value, result.headers)
+
+    def handle(self, record: Any, *, now: int, ingress: bool = True) -> Wait | list[Output]:
+        """Translate ``record`` and admit it as the router does (``ingress`` is always true here)."""
+        translated = self.translated(record, now)
+        if isinstance(translated, DeadLetter):
+            return [self.inner.dead_letter(record, translated, now=now, state=None)]
+        step = self.inner.handle(translated, now=now, ingress=True)
+        if isinstance(step, Wait):
+            return step
+        return [self._with_original(out, record, translated) if out.topic == self.layout.dead_letter else out for out in step]
+
+    def dead_letter(self, record: Any, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None, drop_value: bool = False) -> Output:
+        """As :meth:`RecordHandler.dead_letter` (the loop calls it for refused writes)."""
+        return self.inner.dead_letter(record, verdict, now=now, state=state, drop_value=drop_value)
+
+    @staticmethod
+    def _with_original(dead: Output, record: Any, translated: TranslatedRecord) -> Output:
+        # The router dead-lettered the translated record: its headers are the translated
+        # ones followed by the dead-letter headers. Put the source record's back in front.
+        added = dead.headers[len(translated.headers):]
+        value = None if dead.value is None else record.value  # None: the value was dropped (oversize)
+        return replace(dead, key=record.key, value=value, headers=[*(record.headers or ()), *added])
+
+
+def envelope_handler(inner: RecordHandler) -> TranslatingHandler:
+    """Reads the Redis scheduler's JSON envelopes (see :mod:`delayapp.compat.envelope`)."""
+    return TranslatingHandler(inner, lambda record, now: translate_envelope(record.value, record.headers))
+
+
+def cesium_handler(inner: RecordHandler, destination: str) -> TranslatingHandler:
+    """Relays to ``destination`` at each record's cesium time (see :mod:`delayapp.compat.cesium`)."""
+    return TranslatingHandler(
+        inner,
+        lambda record, now: translate_cesium(
+            record.value, record.headers, destination=destination, record_timestamp_ms=record.timestamp or 0, now_ms=now
+        ),
+    )
