@@ -40,9 +40,19 @@ class TopicLayout:
         """Delivery audit events: ids and times, never payloads."""
         return f"{self.prefix}.audit"
 
-    def delay_topic(self, denomination_ms: int) -> str:
-        """The topic of one denomination, e.g. ``delayapp.delay.5s``."""
-        return f"{self.prefix}.delay.{format_duration(denomination_ms)}"
+    @property
+    def cancellations(self) -> str:
+        """Compacted: key = recordId, value = when it was cancelled (a tombstone withdraws it)."""
+        return f"{self.prefix}.cancel"
+
+    @property
+    def dead_letter_replayed(self) -> str:
+        """Compacted: one marker per dead letter replayed (key = ``topic/partition/offset``)."""
+        return f"{self.prefix}.dlq.replayed"
+
+    def delay_topic(self, denomination_ms: int, *, priority: bool = False) -> str:
+        """The topic of one denomination, e.g. ``delayapp.delay.5s`` (``...5s.priority``: fast lane)."""
+        return f"{self.prefix}.delay.{format_duration(denomination_ms)}{'.priority' if priority else ''}"
 
     @property
     def delay_topics(self) -> dict[int, str]:
@@ -50,9 +60,22 @@ class TopicLayout:
         return {d: self.delay_topic(d) for d in self.ladder.denominations}
 
     @property
+    def priority_topics(self) -> dict[int, str]:
+        """Denomination (ms) to its priority-lane topic, served ahead of the ordinary one."""
+        return {d: self.delay_topic(d, priority=True) for d in self.ladder.denominations}
+
+    @property
+    def compacted_topics(self) -> list[str]:
+        """The topics that hold one latest value per key."""
+        return [self.cancellations, self.dead_letter_replayed]
+
+    @property
     def all_topics(self) -> list[str]:
         """Every topic delayapp owns."""
-        return [self.ingress, *self.delay_topics.values(), self.dead_letter, self.audit]
+        return [
+            self.ingress, *self.delay_topics.values(), *self.priority_topics.values(),
+            self.dead_letter, self.audit, *self.compacted_topics,
+        ]
 
 
 @dataclass(frozen=True)
@@ -63,6 +86,7 @@ class TopicSpec:
     partitions: int
     dwell_ms: int
     retention_ms: int
+    compacted: bool = False
 
     def required_retention_ms(self, margin_ms: int) -> int:
         """Retention below this risks deleting records before they are processed."""
@@ -78,8 +102,11 @@ def topic_specs(layout: TopicLayout, *, partitions: int, margin_ms: int, dead_le
     return [
         spec(layout.ingress, 0),
         *(spec(name, d) for d, name in layout.delay_topics.items()),
+        *(spec(name, d) for d, name in layout.priority_topics.items()),
         spec(layout.dead_letter, dead_letter_retention_ms - margin_ms, dead_letter_retention_ms),
         spec(layout.audit, 0),
+        # compacted: retention does not apply (the latest value per key is kept for ever)
+        *(TopicSpec(name, partitions, 0, -1, compacted=True) for name in layout.compacted_topics),
     ]
 
 
@@ -87,6 +114,8 @@ def retention_problems(specs: list[TopicSpec], actual_retention_ms: dict[str, in
     """Human sentences for every topic whose retention (-1 = forever) is too short."""
     problems = []
     for spec in specs:
+        if spec.compacted:
+            continue  # compaction keeps each key's latest value whatever retention.ms says
         actual = actual_retention_ms.get(spec.name)
         need = spec.required_retention_ms(margin_ms)
         if actual is not None and actual >= 0 and actual < need:
@@ -96,6 +125,12 @@ def retention_problems(specs: list[TopicSpec], actual_retention_ms: dict[str, in
                 f"set retention.ms >= {need}"
             )
     return problems
+
+
+def _topic_configs(spec: TopicSpec) -> dict[str, str]:
+    if spec.compacted:
+        return {"cleanup.policy": "compact"}
+    return {"retention.ms": str(spec.retention_ms), "cleanup.policy": "delete"}
 
 
 async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec], *, create: bool, replication_factor: int, margin_ms: int) -> list[str]:
@@ -109,7 +144,7 @@ async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec], *, c
         raise TopicLayoutError("missing topics (create them or set DELAYAPP_CREATE_TOPICS=true): " + ", ".join(s.name for s in missing))
     if missing:
         new = [
-            NewTopic(s.name, s.partitions, replication_factor, topic_configs={"retention.ms": str(s.retention_ms), "cleanup.policy": "delete"})
+            NewTopic(s.name, s.partitions, replication_factor, topic_configs=_topic_configs(s))
             for s in missing
         ]
         response = await admin.create_topics(new)
