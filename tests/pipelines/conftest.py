@@ -5,15 +5,18 @@ Spark needs Java: without it these tests fail loudly, never skip (CI runs on a m
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from typing import Iterator
 
 import pytest
 
+from delayapp.chaos.procs import unique
 from delayapp.pipelines.kafka_source import kafka_options
 from delayapp.pipelines.session import build_session
 from delayapp.settings import load_settings
+from tests.integration.kafka_helpers import Worker
 
 LIGHT_CONF = {
     "spark.ui.enabled": "false",
@@ -40,3 +43,14 @@ def spark() -> Iterator[object]:
 def kafka(bootstrap: str) -> dict[str, str]:
     """Data source options for the test broker, built the way the jobs build them."""
     return kafka_options(load_settings(broker=bootstrap))
+
+
+@pytest.fixture(scope="session")
+def engine(bootstrap: str) -> Iterator[Worker]:
+    """One real delayapp worker (test ladder, fresh prefix) for the jobs that need deliveries."""
+    worker = Worker(bootstrap, unique("sp"), DELAYAPP_PARTITIONS="2").start()
+    try:
+        asyncio.run(worker.wait_ready())
+        yield worker
+    finally:
+        worker.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Iterable
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -29,8 +30,6 @@ def read_all(bootstrap: str, topic: str, timeout_s: float = 30) -> list:
     partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     out, at_end = [], set()
-    import time
-
     deadline = time.monotonic() + timeout_s
     while len(at_end) < len(partitions):
         assert time.monotonic() < deadline, f"{topic} did not reach its end within {timeout_s} s"
@@ -42,3 +41,14 @@ def read_all(bootstrap: str, topic: str, timeout_s: float = 30) -> list:
                 at_end.discard(message.partition())
     consumer.close()
     return out
+
+
+def eventually(condition, timeout_s: float, what: str, interval_s: float = 0.5):
+    """Poll ``condition`` until truthy; AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        time.sleep(interval_s)
