@@ -61,8 +61,9 @@ def denomination_column(source: Column, prefix: str) -> Column:
 
 
 def header_text(name: str) -> Column:
-    """The first value of header ``name`` of a Kafka row, as text (null when absent)."""
-    return F.element_at(F.filter("headers", lambda x: x["key"] == F.lit(name)), 1)["value"].cast("string")
+    """The first value of header ``name`` of a Kafka row, as text (null when absent; ANSI mode
+    makes a plain index or cast fail on such input, hence the try_ forms here and at callers)."""
+    return F.try_element_at(F.filter("headers", lambda x: x["key"] == F.lit(name)), F.lit(1))["value"].cast("string")
 
 
 def audit_events(context: JobContext, since_ms: int | None, until_ms: int | None) -> DataFrame:
@@ -77,7 +78,7 @@ def audit_events(context: JobContext, since_ms: int | None, until_ms: int | None
 def dead_letters(context: JobContext, since_ms: int | None, until_ms: int | None) -> DataFrame:
     """Dead letters with reason, time (deadLetterAt, else the record timestamp) and target."""
     raw = context.read_topic(context.layout.dead_letter)
-    at = F.coalesce(header_text(h.DEAD_LETTER_AT).cast("long"), F.unix_millis("timestamp"))
+    at = F.coalesce(header_text(h.DEAD_LETTER_AT).try_cast("long"), F.unix_millis("timestamp"))
     frame = raw.select(
         F.coalesce(header_text(h.DEAD_LETTER_REASON), F.lit("unknown")).alias("reason"),
         at.alias("at"),

@@ -100,3 +100,47 @@ def test_times_iso_epoch_and_ago():
     assert parse_time_or_ago_ms("2h", 10_000_000) == 10_000_000 - 7_200_000
     with pytest.raises(PipelineError):
         parse_time_or_ago_ms("yesterday", 0)
+
+
+# -- denomination optimizer --------------------------------------------------------------
+
+from itertools import combinations  # noqa: E402
+
+from delayapp.pipelines.optimizer import default_candidates, expected_hops, format_comparison, optimize_ladder, serial_evaluator  # noqa: E402
+
+S = 1_000
+
+
+def test_expected_hops_is_the_planners_exact_mean():
+    assert expected_hops((S, 5 * S), [(10 * S, 1)]) == 2
+    assert expected_hops((S, 3 * S, 4 * S), [(6 * S, 3), (4 * S, 1)]) == (2 * 3 + 1) / 4  # 3+3, not greedy 4+1+1
+    assert expected_hops((S,), []) == 0.0
+
+
+def test_optimizer_finds_the_obvious_ladder():
+    histogram = [(7 * S, 50), (70 * S, 50)]
+    best = optimize_ladder(3, S, [2 * S, 5 * S, 7 * S, 10 * S, 30 * S, 60 * S, 70 * S], serial_evaluator(histogram), current=(S, 5 * S, 60 * S))
+    assert best.denominations == (S, 7 * S, 70 * S) and best.expected_hops == 1.0
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 120).map(lambda s: s * S), st.integers(1, 5)), min_size=1, max_size=6),
+    st.integers(1, 4),
+)
+def test_optimizer_is_never_worse_than_the_current_ladder_and_close_to_brute_force(histogram, k):
+    pool = [2 * S, 3 * S, 5 * S, 10 * S, 30 * S, 60 * S]
+    evaluate = serial_evaluator(histogram)
+    current = (S, 5 * S, 60 * S)[:k]
+    best = optimize_ladder(k, S, pool, evaluate, current=current)
+    assert len(best.denominations) == k and best.denominations[0] == S
+    assert best.expected_hops <= expected_hops(current, histogram) + 1e-9
+    brute = min(expected_hops((S, *rest), histogram) for rest in combinations(pool, k - 1))
+    assert best.expected_hops <= brute * 1.25 + 1e-9  # a local optimum, usually the global one
+
+
+def test_optimizer_refuses_impossible_budgets_and_candidates_stop_above_the_largest_delay():
+    with pytest.raises(PipelineError):
+        optimize_ladder(5, S, [2 * S], serial_evaluator([(S, 1)]))
+    assert default_candidates(S, 50 * S) == [S, 2 * S, 3 * S, 5 * S, 10 * S, 15 * S, 20 * S, 30 * S, 45 * S, 60 * S]
+    text = format_comparison({"current": dict.fromkeys(["ladder", "denominations", "topics", "expected_hops", "worst_case_hops", "max_delay"], 1), "proposed": dict.fromkeys(["ladder", "denominations", "topics", "expected_hops", "worst_case_hops", "max_delay"], 2)})
+    assert "expected hops" in text.splitlines()[4]
