@@ -27,7 +27,11 @@ layout = TopicLayout(settings.topic_prefix, settings.ladder)
 
 
 class DelayApp(faust.App):
-    """faust.App that creates delayapp's topics before Faust subscribes to any of them."""
+    """faust.App that creates delayapp's topics before Faust subscribes to any of them.
+
+    ``engine`` is this worker's delay engine once it is constructed (web views read it)."""
+
+    engine: DelayEngine | None = None
 
     async def on_first_start(self) -> None:
         await super().on_first_start()
@@ -61,6 +65,7 @@ app = DelayApp(
     processing_guarantee="at_least_once",  # Faust only runs idempotent read models
     web_host=settings.web_host,
     web_port=settings.web_port,
+    canonical_url=settings.web_canonical_url or f"http://{settings.web_host}:{settings.web_port}",
     autodiscover=False,
     table_cleanup_interval=60.0,
     recovery_consistency_check=settings.recovery_consistency_check,
@@ -98,3 +103,7 @@ class Engine(DelayEngine):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(settings=settings, **kwargs)
+        app.engine = self
+
+
+from delayapp import web  # noqa: E402,F401  registers the HTTP views

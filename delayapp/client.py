@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from delayapp.core import headers as h
 from delayapp.core.backoff import ExponentialBackoff, backoff_ms
+from delayapp.core.cancel import CancelRequest, encode_cancel
 from delayapp.core.durations import parse_duration
 from delayapp.core.policies import Reason
 from delayapp.engine.handler import now_ms
@@ -31,12 +32,14 @@ def schedule_headers(
     record_id: str | None = None,
     valid_at: datetime | int | None = None,
     expire_at: datetime | int | None = None,
+    priority: bool = False,
     headers: Iterable[tuple[str, bytes]] = (),
 ) -> list[tuple[str, bytes]]:
     """Kafka headers asking delayapp to deliver to ``target`` after ``delay`` or at ``at``.
 
     ``delay`` is a duration (``"90s"``, ms as int) counted from the record's timestamp;
-    ``at`` is a datetime or epoch ms. Give exactly one of them.
+    ``at`` is a datetime or epoch ms. Give exactly one of them. ``priority`` puts the
+    record in the priority lane.
     """
     if (delay is None) == (at is None):
         raise ValueError("give exactly one of delay= or at=")
@@ -47,6 +50,7 @@ def schedule_headers(
         reactivate_at=_epoch_ms(at) if at is not None else None,
         valid_at=_epoch_ms(valid_at) if valid_at is not None else None,
         expire_at=_epoch_ms(expire_at) if expire_at is not None else None,
+        priority=h.PRIORITY_HIGH if priority else None,
     )
     return h.encode(state, headers)
 
@@ -74,6 +78,15 @@ async def _send(producer: Any, topic: str, key: bytes | None, value: bytes | Non
     if faust_producer is not None and hasattr(producer, "agents"):  # a faust.App
         return await faust_producer.send_and_wait(topic, key, value, None, None, headers)
     return await producer.send_and_wait(topic, value, key=key, headers=headers)
+
+
+async def cancel(producer: Any, record_id: str, *, cancel_topic: str = "delayapp.cancel", reason: str = "", by: str = "") -> int:
+    """Cancel every pending incarnation of ``record_id`` scheduled before now; returns the
+    cancel time (epoch ms). A record already delivered is not affected."""
+    request = CancelRequest(record_id, now_ms(), reason, by)
+    key, value = encode_cancel(request)
+    await _send(producer, cancel_topic, key, value, [])
+    return request.cancelled_at
 
 
 @dataclass(frozen=True)
@@ -130,4 +143,4 @@ async def retry_later(
     return RetryOutcome(state.record_id, retry, scheduled=True, reactivate_at=new.reactivate_at)
 
 
-__all__ = ["ExponentialBackoff", "RetryOutcome", "retry_later", "schedule", "schedule_headers"]
+__all__ = ["ExponentialBackoff", "RetryOutcome", "cancel", "retry_later", "schedule", "schedule_headers"]

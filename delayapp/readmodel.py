@@ -10,7 +10,7 @@ from typing import Any
 
 FIELDS = (
     "record_id", "status", "at", "seq", "retries", "hops", "target", "awake_at", "reactivate_at",
-    "lateness_ms", "reason", "topic", "partition", "offset",
+    "lateness_ms", "reason", "topic", "partition", "offset", "delayed_at", "priority", "throttled_until",
 )
 
 

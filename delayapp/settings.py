@@ -18,10 +18,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from delayapp.core.durations import format_duration, parse_duration
 from delayapp.core.ladder import DEFAULT_LADDER, Ladder
+from delayapp.core.throttle import TargetRate, parse_rates
 from delayapp.errors import ConfigError
 
 
-DURATION_FIELDS = ("retention_margin", "dead_letter_retention", "max_delay", "max_overdue", "liveness_threshold")
+DURATION_FIELDS = ("retention_margin", "dead_letter_retention", "max_delay", "max_overdue", "liveness_threshold", "stats_window")
 
 
 class Guarantee(str, enum.Enum):
@@ -96,9 +97,23 @@ class Settings(BaseSettings):
     store: str = Field("memory://", description="Faust table store (memory:// or rocksdb://)")
     web_host: str = Field("127.0.0.1", description="host of the Faust web server")
     web_port: int = Field(6066, description="port of the Faust web server")
+    web_canonical_url: str | None = Field(
+        None, description="URL other workers reach this one at (table-routed views); default http://<web_host>:<web_port>"
+    )
     recovery_consistency_check: bool = Field(
         True, description="Faust's table-recovery offset check; false on the embedded broker, whose wrong end offsets trip it"
     )
+
+    # -- lanes, limits and the HTTP API -----------------------------------------------------
+    priority_lane: bool = Field(True, description="records with delayPriority: high travel on <prefix>.delay.<d>.priority topics, served first")
+    target_rates: str = Field(
+        "", description="per-target delivery rate limits, e.g. 'orders=100/s,mail.*=600/min' (per worker); records over the rate wait in the ladder"
+    )
+    target_burst: int = Field(1, ge=1, description="deliveries a rate-limited target may receive at once before the rate applies")
+    api_token: SecretStr | None = Field(
+        None, description="bearer token for POST /delay/schedule and /delay/records/{id}/cancel; unset = those views are off"
+    )
+    stats_window: int = Field(60_000, description="window of the throughput and lateness figures in /delay/stats (duration)")
 
     @field_validator(*DURATION_FIELDS, mode="before")
     @classmethod
@@ -117,6 +132,11 @@ class Settings(BaseSettings):
     def ladder(self) -> Ladder:
         """The validated ladder (raises ConfigError when empty, unsorted or duplicated)."""
         return Ladder.parse(self.denominations)
+
+    @cached_property
+    def rates(self) -> tuple[TargetRate, ...]:
+        """The validated per-target rate limits (raises ConfigError when malformed)."""
+        return parse_rates(self.target_rates, burst=self.target_burst)
 
     @property
     def allowed_target_patterns(self) -> tuple[str, ...]:
@@ -178,3 +198,11 @@ def load_settings(**overrides: Any) -> Settings:
 def env_flag(name: str) -> bool:
     """True when environment variable ``name`` is set to 1/true/yes."""
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def markdown_table() -> str:
+    """The README's settings table: environment variable, default, meaning."""
+    rows = ["| environment variable | default | meaning |", "|---|---|---|"]
+    for env, _value, default, doc in Settings.model_construct().describe():
+        rows.append(f"| `{env}` | `{default}` | {doc} |")
+    return "\n".join(rows)

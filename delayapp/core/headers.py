@@ -31,9 +31,14 @@ REACTIVATE_TO_TOPIC = "reactivateToTopic"
 AWAKE_AT = "awakeAt"
 DELAY_MS = "delayMs"
 DELAY_HOPS = "delayHops"
+PRIORITY = "delayPriority"  # "high": the priority lane (its own delay topics, served first)
+THROTTLED_UNTIL = "throttledUntil"  # a delivery slot reserved under the target's rate limit
+
+PRIORITY_HIGH = "high"
+PRIORITIES = ("high", "normal")
 
 IRREMOVABLE = (RECORD_ID, ORIGINATED_AT, TIME_RETRIED, VALID_AT, EXPIRE_AT)
-REMOVABLE = (DELAYED_AT, REACTIVATE_AT, REACTIVATE_TO_TOPIC, AWAKE_AT, DELAY_MS, DELAY_HOPS)
+REMOVABLE = (DELAYED_AT, REACTIVATE_AT, REACTIVATE_TO_TOPIC, AWAKE_AT, DELAY_MS, DELAY_HOPS, PRIORITY, THROTTLED_UNTIL)
 DELAY_HEADERS = IRREMOVABLE + REMOVABLE
 
 # Dead-letter records keep the original key, value and headers and add these.
@@ -70,6 +75,13 @@ class DelayHeaders:
     awake_at: int | None = None
     delay_ms: int | None = None
     delay_hops: int | None = None
+    priority: str | None = None
+    throttled_until: int | None = None
+
+    @property
+    def is_priority(self) -> bool:
+        """True for a record in the priority lane."""
+        return self.priority == PRIORITY_HIGH
 
     def evolve(self, **changes: object) -> "DelayHeaders":
         """A copy with some fields changed."""
@@ -98,11 +110,13 @@ _FIELD_BY_HEADER = {
     AWAKE_AT: "awake_at",
     DELAY_MS: "delay_ms",
     DELAY_HOPS: "delay_hops",
+    PRIORITY: "priority",
+    THROTTLED_UNTIL: "throttled_until",
 }
 _HEADER_BY_FIELD = {v: k for k, v in _FIELD_BY_HEADER.items()}
 assert set(_HEADER_BY_FIELD) == {f.name for f in fields(DelayHeaders)}
 _COUNTS = {TIME_RETRIED, DELAY_HOPS}
-_TEXTS = {RECORD_ID, REACTIVATE_TO_TOPIC}
+_TEXTS = {RECORD_ID, REACTIVATE_TO_TOPIC, PRIORITY}
 
 
 def _decode_ascii(name: str, raw: bytes | None) -> str:
@@ -137,6 +151,11 @@ def _decode_value(name: str, raw: bytes | None) -> int | str:
         text = _decode_ascii(name, raw)
         if not _TOPIC_NAME.match(text) or text in (".", ".."):
             raise HeaderError(name, f"is not a valid Kafka topic name: {text[:80]!r}")
+        return text
+    if name == PRIORITY:
+        text = _decode_ascii(name, raw)
+        if text not in PRIORITIES:
+            raise HeaderError(name, f"must be one of {', '.join(PRIORITIES)}; got {text[:40]!r}")
         return text
     if name == RECORD_ID:
         text = _decode_ascii(name, raw)

@@ -130,11 +130,13 @@ def admit(
     """
     if state.reactivate_at is not None and state.delay_ms is not None:
         return DeadLetter(Reason.CONFLICTING_DUE_TIME, "give either reactivateAt or delayMs, not both")
+    # When the producer wrote it; a clock ahead of ours counts from now. Cancellations
+    # compare their own timestamp with this, so a cancel sent after the schedule applies
+    # even when the router admits the record later.
+    base = record_timestamp_ms if 0 < record_timestamp_ms <= now_ms else now_ms
     if state.reactivate_at is not None:
         due = state.reactivate_at
     elif state.delay_ms is not None:
-        # Relative to when the producer wrote it; a clock ahead of ours counts from now.
-        base = record_timestamp_ms if 0 < record_timestamp_ms <= now_ms else now_ms
         due = base + state.delay_ms
     elif state.valid_at is not None:
         due = state.valid_at
@@ -150,7 +152,7 @@ def admit(
         record_id=state.record_id or record_id,
         originated_at=state.originated_at if state.originated_at is not None else now_ms,
         time_retried=state.time_retried if state.time_retried is not None else 0,
-        delayed_at=state.delayed_at if state.delayed_at is not None else now_ms,
+        delayed_at=state.delayed_at if state.delayed_at is not None else base,
         reactivate_at=due,
         delay_ms=None,
         awake_at=None,
@@ -177,7 +179,8 @@ def route(
     retried = state.time_retried or 0
     if retried > policy.max_retries:
         return DeadLetter(Reason.RETRIES_EXHAUSTED, f"timeRetried {retried} exceeds the limit of {policy.max_retries}")
-    due = max(state.reactivate_at, state.valid_at or 0)
+    # a reserved delivery slot (throttling) counts like a later due time
+    due = max(state.reactivate_at, state.valid_at or 0, state.throttled_until or 0)
     if state.expire_at is not None:
         if state.valid_at is not None and state.valid_at >= state.expire_at:
             return DeadLetter(Reason.EXPIRES_BEFORE_DUE, f"validAt {state.valid_at} is not before expireAt {state.expire_at}")

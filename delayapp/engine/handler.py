@@ -14,8 +14,10 @@ from typing import Any, Callable, Container
 import orjson
 
 from delayapp.core import headers as h
+from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.planner import Planner
 from delayapp.core.policies import DeadLetter, Deliver, Enqueue, Policy, Reason, Wait, admit, route, stable_record_id
+from delayapp.core.throttle import DeliverySlots
 from delayapp.engine.topics import TopicLayout
 from delayapp.errors import HeaderError
 
@@ -34,7 +36,7 @@ class AuditEvent:
     """
 
     record_id: str
-    status: str  # waiting | delivered | dead_lettered
+    status: str  # waiting | delivered | dead_lettered | cancelled
     at: int
     seq: int
     retries: int
@@ -45,6 +47,9 @@ class AuditEvent:
     lateness_ms: int | None = None
     reason: str | None = None
     source: str | None = None
+    priority: bool = False
+    throttled_until: int | None = None
+    delayed_at: int | None = None
 
     def encode(self, topic: str, partition: int | None, offset: int | None) -> bytes:
         """JSON bytes with where the record now is (the topic/partition/offset it was written to)."""
@@ -64,7 +69,7 @@ def record_size(key: bytes | None, value: bytes | None, headers: Any) -> int:
     return size
 
 
-STAGE = {"waiting": 0, "delivered": 1, "dead_lettered": 2}
+STAGE = {"waiting": 0, "delivered": 1, "dead_lettered": 2, "cancelled": 3}
 
 
 def audit_seq(retries: int, hops: int, status: str) -> int:
@@ -74,9 +79,11 @@ def audit_seq(retries: int, hops: int, status: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Output:
-    """One record to produce, with the audit event to publish once it is written."""
+    """One record to produce, with the audit event to publish once it is written.
 
-    topic: str
+    ``topic`` None produces nothing but the audit event (a cancelled record is dropped)."""
+
+    topic: str | None
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes]]
@@ -94,12 +101,18 @@ class RecordHandler:
         policy: Policy,
         known_topics: Callable[[], Container[str] | None] = lambda: None,
         max_record_bytes: int = 1_048_576,
+        cancellations: Callable[[str | None], CancelRequest | None] = lambda record_id: None,
+        slots: DeliverySlots | None = None,
+        priority_lane: bool = True,
     ) -> None:
         self.layout = layout
         self.planner = planner
         self.policy = policy
         self.known_topics = known_topics
         self.max_record_bytes = max_record_bytes
+        self.cancellations = cancellations
+        self.slots = slots
+        self.priority_lane = priority_lane
 
     def handle(self, record: Any, *, now: int, ingress: bool) -> Wait | list[Output]:
         """Wait (not due: the partition waits) or the records to produce for ``record``."""
@@ -126,26 +139,55 @@ class RecordHandler:
             if isinstance(admitted, DeadLetter):
                 return [self.dead_letter(record, admitted, now=now, state=state)]
             state = admitted
+        retries, hops = state.time_retried or 0, state.delay_hops or 0
+        if applies_to(self.cancellations(state.record_id), state.delayed_at):
+            event = AuditEvent(
+                state.record_id or source, "cancelled", now, audit_seq(retries, hops, "cancelled"), retries, hops,
+                state.reactivate_to_topic, reactivate_at=state.reactivate_at, source=source, priority=state.is_priority,
+                delayed_at=state.delayed_at,
+            )
+            return [Output(None, None, None, [], event)]
         step = route(state, now_ms=now, planner=self.planner, policy=self.policy, known_topics=self.known_topics())
+        throttled_until = state.throttled_until
+        if isinstance(step, Deliver) and self.slots is not None and throttled_until is None:
+            step, throttled_until = self._throttle(step, state, now=now, ticket=source)
         if isinstance(step, Wait):
             return step
         if isinstance(step, DeadLetter):
             return [self.dead_letter(record, step, now=now, state=state)]
-        retries, hops = state.time_retried or 0, state.delay_hops or 0
         if isinstance(step, Enqueue):
             new = step.state
             event = AuditEvent(
                 new.record_id or source, "waiting", now, audit_seq(retries, new.delay_hops or 0, "waiting"), retries,
-                new.delay_hops or 0, new.reactivate_to_topic, awake_at=new.awake_at, reactivate_at=new.reactivate_at, source=source,
+                new.delay_hops or 0, new.reactivate_to_topic, awake_at=new.awake_at, reactivate_at=new.reactivate_at,
+                source=source, priority=new.is_priority, throttled_until=new.throttled_until, delayed_at=new.delayed_at,
             )
-            topic = self.layout.delay_topic(step.hop.denomination_ms)
+            topic = self.layout.delay_topic(step.hop.denomination_ms, priority=new.is_priority and self.priority_lane)
             return [Output(topic, record.key, record.value, h.encode(new, passthrough), event)]
         assert isinstance(step, Deliver)
         event = AuditEvent(
             state.record_id or source, "delivered", now, audit_seq(retries, hops, "delivered"), retries, hops,
             step.topic, reactivate_at=step.due_ms, lateness_ms=now - step.due_ms, source=source,
+            priority=state.is_priority, throttled_until=throttled_until, delayed_at=state.delayed_at,
         )
         return [Output(step.topic, record.key, record.value, h.encode(step.state, passthrough), event)]
+
+    def _throttle(self, step: Deliver, state: h.DelayHeaders, *, now: int, ticket: str) -> tuple[Any, int | None]:
+        """Deliver now if the target's rate allows, else wait for the slot reserved for this
+        record; also returns the slot, if the record had to wait for one.
+
+        A slot at least one denomination away is reached through the ladder (the record
+        carries ``throttledUntil``); a nearer one is held in the worker, like any short wait.
+        """
+        assert self.slots is not None
+        deliver_now, slot = self.slots.reserve(step.topic, now, ticket)
+        if deliver_now:
+            return (step if slot is None else Deliver(step.topic, step.state, max(step.due_ms, slot))), slot
+        assert slot is not None
+        rerouted = route(state.evolve(throttled_until=slot), now_ms=now, planner=self.planner, policy=self.policy)
+        if not isinstance(rerouted, Wait):
+            self.slots.forget(ticket)  # the ladder carries the slot from here
+        return rerouted, slot
 
     def dead_letter(self, record: Any, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None, drop_value: bool = False) -> Output:
         """The dead-letter copy: original key, value and headers, plus reason and detail.

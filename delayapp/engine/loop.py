@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -57,20 +57,30 @@ def _awake_at(record: Any) -> int | None:
     return int(raw) if raw is not None and raw.isdigit() and len(raw) < 19 else None
 
 
+RECENT_EVENTS = 50_000  # per loop, for windowed throughput and lateness percentiles
+
+
 @dataclass
 class LoopStats:
-    """Counters one loop exposes (web views and metrics read them)."""
+    """Counters one loop exposes (web views and metrics read them).
+
+    ``recent`` holds (epoch ms, status, lateness ms or None) of the latest outputs, for
+    throughput and lateness percentiles over a recent window."""
 
     consumed: int = 0
     hops: int = 0
     delivered: int = 0
     dead_lettered: int = 0
+    cancelled: int = 0
+    throttled: int = 0
     waits: int = 0
     rebalances: int = 0
     restarts: int = 0
     commits: int = 0
     stalls: int = 0
-    lateness_ms: deque = field(default_factory=lambda: deque(maxlen=10_000))
+    delivered_by_target: Counter = field(default_factory=Counter)
+    dead_letters_by_reason: Counter = field(default_factory=Counter)
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
     last_progress_ms: int = 0
 
 
@@ -108,12 +118,16 @@ class HopLoop(Service):
         settings: Settings,
         audit_topic: str | None,
         ingress: bool = False,
+        priority_topic: str | None = None,
         clock: Callable[[], int] = now_ms,
+        observer: Callable[["HopLoop", Any], None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.name = name
         self.topic = topic
+        self.priority_topic = priority_topic
+        self.observer = observer  # metrics: called with every audit event written
         self.group_id = group_id
         self.handler = handler
         self.settings = settings
@@ -140,6 +154,20 @@ class HopLoop(Service):
     def label(self) -> str:
         """Name used in logs."""
         return self.name
+
+    @property
+    def topics(self) -> list[str]:
+        """The topics this loop consumes: its own, then its priority lane."""
+        return [self.topic] + ([self.priority_topic] if self.priority_topic else [])
+
+    def pending_heads(self) -> dict[TopicPartition, int | None]:
+        """For each partition holding fetched records: the ``awakeAt`` it waits for (None: due now)."""
+        heads: dict[TopicPartition, int | None] = {}
+        for tp, queue in self._queues.items():
+            waiting = [e.awake_at for e in queue if not e.released]
+            if waiting:
+                heads[tp] = self._waits.get(tp) or min((a for a in waiting if a is not None), default=None)
+        return heads
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -168,7 +196,7 @@ class HopLoop(Service):
             fetch_max_wait_ms=s.fetch_max_wait_ms,
             max_poll_records=s.max_batch,
         )
-        self._consumer.subscribe([self.topic], listener=_Rebalance(self))
+        self._consumer.subscribe(self.topics, listener=_Rebalance(self))
         await self._consumer.start()
 
     async def _close(self) -> None:
@@ -258,7 +286,9 @@ class HopLoop(Service):
         ahead of a waiting head otherwise; a partition waits until its earliest pending record."""
         outputs: list[Output] = []
         offsets: dict[TopicPartition, tuple[int, str]] = {}
-        for tp, queue in self._queues.items():
+        # The fast pass: priority-lane partitions release first, so their records are
+        # written first; every due record still goes in this same pass (nobody starves).
+        for tp, queue in sorted(self._queues.items(), key=lambda item: item[0].topic != self.priority_topic):
             now = self.clock()
             until = self._waits.get(tp)
             if until is not None and now < until:
@@ -421,10 +451,16 @@ class HopLoop(Service):
         self.stats.commits += 1
         self.stats.last_progress_ms = self.clock()
 
-    async def _send(self, topic: str, value: bytes | None, key: bytes | None, headers: list | None = None) -> asyncio.Future:
-        """Queue one record; a refusal raised before queuing (e.g. too large) comes back as a failed future."""
+    async def _send(self, topic: str | None, value: bytes | None, key: bytes | None, headers: list | None = None) -> asyncio.Future:
+        """Queue one record; a refusal raised before queuing (e.g. too large) comes back as a failed future.
+
+        No topic (a cancelled record) queues nothing: the future is done with None."""
         producer = self._producer
         assert producer is not None
+        if topic is None:
+            nothing: asyncio.Future = asyncio.get_running_loop().create_future()
+            nothing.set_result(None)
+            return nothing
         try:
             return await producer.send(topic, value, key=key, headers=headers)
         except KafkaError as exc:
@@ -441,7 +477,8 @@ class HopLoop(Service):
                 result = await self._send_undeliverable(output, result)
             self._count(output)
             if self.audit_topic and output.audit is not None:
-                audit = output.audit.encode(result.topic, result.partition, result.offset)
+                where = (None, None, None) if result is None else (result.topic, result.partition, result.offset)
+                audit = output.audit.encode(*where)
                 audits.append(await self._send(self.audit_topic, audit, output.audit.record_id.encode()))
         if audits:
             await asyncio.gather(*audits)
@@ -468,14 +505,21 @@ class HopLoop(Service):
         audit = output.audit
         if audit is None:
             return
+        stats = self.stats
         if audit.status == "waiting":
-            self.stats.hops += 1
+            stats.hops += 1
         elif audit.status == "delivered":
-            self.stats.delivered += 1
-            if audit.lateness_ms is not None:
-                self.stats.lateness_ms.append(audit.lateness_ms)
+            stats.delivered += 1
+            stats.throttled += audit.throttled_until is not None
+            stats.delivered_by_target[audit.target] += 1
+        elif audit.status == "cancelled":
+            stats.cancelled += 1
         else:
-            self.stats.dead_lettered += 1
+            stats.dead_lettered += 1
+            stats.dead_letters_by_reason[audit.reason] += 1
+        stats.recent.append((audit.at, audit.status, audit.lateness_ms))
+        if self.observer is not None:
+            self.observer(self, audit)
 
 
 class LoopStalled(Exception):

@@ -22,8 +22,12 @@ from mode import Service
 from delayapp.core.headers import REACTIVATE_TO_TOPIC, header_value
 from delayapp.core.planner import Planner
 from delayapp.core.policies import Policy
-from delayapp.engine.handler import RecordHandler
+from delayapp.core.throttle import DeliverySlots
+from delayapp.engine.cancels import DAY_MS, CancelRegistry
+from delayapp.engine.handler import RecordHandler, now_ms
 from delayapp.engine.loop import HopLoop
+from delayapp.engine.metrics import EngineMetrics
+from delayapp.engine.stats import engine_figures
 from delayapp.engine.topics import TopicLayout, ensure_topics, topic_specs
 from delayapp.errors import BrokerFeatureMissing
 from delayapp.settings import Guarantee, Settings
@@ -31,6 +35,7 @@ from delayapp.settings import Guarantee, Settings
 log = logging.getLogger(__name__)
 
 TOPIC_REFRESH_S = 1.0
+LAG_SAMPLE_S = 5.0
 
 
 def build_policy(settings: Settings, layout: TopicLayout) -> Policy:
@@ -100,6 +105,10 @@ class DelayEngine(Service):
         log.info("planner ready for ladder %s in %.0f ms", settings.ladder, (time.monotonic() - started) * 1000)
         self.policy = build_policy(settings, self.layout)
         self.known_topics = KnownTopics(settings.kafka_client_kwargs())
+        self.cancellations = CancelRegistry(
+            topic=self.layout.cancellations, kafka_client_kwargs=settings.kafka_client_kwargs(),
+            keep_ms=settings.max_delay + DAY_MS, loop=self.loop, beacon=self.beacon,
+        )
         check = settings.check_target_exists
         self.handler = RecordHandler(
             layout=self.layout,
@@ -107,8 +116,15 @@ class DelayEngine(Service):
             policy=self.policy,
             known_topics=(lambda: self.known_topics.names) if check else (lambda: None),
             max_record_bytes=settings.max_message_bytes,
+            cancellations=self.cancellations.get,
+            slots=DeliverySlots(settings.rates) if settings.rates else None,
+            priority_lane=settings.priority_lane,
         )
+        self.metrics = EngineMetrics()
         self.loops: list[HopLoop] = []
+        self.lag: dict[str, int] = {}  # topic -> records not yet processed, cluster-wide
+        self._producer: AIOKafkaProducer | None = None
+        self._lag_sampler = LagSampler(settings)
 
     async def on_start(self) -> None:
         s = self.settings
@@ -122,11 +138,20 @@ class DelayEngine(Service):
                 "head may be released again after a rebalance or restart (at-least-once; de-duplicate by recordId)"
             )
         await self.known_topics.refresh()
+        # Loops start only once every cancellation already written is known.
+        await self.add_runtime_dependency(self.cancellations)
+        await asyncio.wait_for(self.cancellations.caught_up.wait(), timeout=120)
         audit = self.layout.audit if s.audit_enabled else None
-        common = dict(handler=self.handler, settings=s, audit_topic=audit, loop=self.loop, beacon=self.beacon)
+        common = dict(
+            handler=self.handler, settings=s, audit_topic=audit, observer=self.metrics.observe, loop=self.loop, beacon=self.beacon,
+        )
         router = HopLoop(name="router", topic=self.layout.ingress, group_id=f"{s.app_id}.router", ingress=True, **common)
         self.loops = [router] + [
-            HopLoop(name=f"delay-{self.settings.ladder.label(d)}", topic=topic, group_id=f"{s.app_id}.{topic.removeprefix(s.topic_prefix + '.')}", **common)
+            HopLoop(
+                name=f"delay-{self.settings.ladder.label(d)}", topic=topic,
+                priority_topic=self.layout.delay_topic(d, priority=True) if s.priority_lane else None,
+                group_id=f"{s.app_id}.{topic.removeprefix(s.topic_prefix + '.')}", **common,
+            )
             for d, topic in self.layout.delay_topics.items()
         ]
         for hop_loop in self.loops:
@@ -138,9 +163,79 @@ class DelayEngine(Service):
             s.ladder, s.processing_guarantee.value, ", ".join(self.layout.all_topics),
         )
 
+    async def on_stop(self) -> None:
+        await self._lag_sampler.close()
+        if self._producer is not None:
+            await self._producer.stop()
+
     async def wait_running(self, timeout: float = 60.0) -> None:
         """Wait until every loop has joined its group and is consuming."""
         await asyncio.wait_for(asyncio.gather(*(lp.running.wait() for lp in self.loops)), timeout)
+
+    async def produce(self, topic: str, value: bytes | None, *, key: bytes | None, headers: list[tuple[str, bytes]]) -> Any:
+        """Write one record (the HTTP API's schedule and cancel); returns its RecordMetadata."""
+        if self._producer is None:
+            producer = AIOKafkaProducer(**self.settings.kafka_client_kwargs(), acks="all", client_id=f"{self.settings.app_id}-api")
+            await producer.start()
+            self._producer = producer
+        return await (await self._producer.send(topic, value, key=key, headers=headers))
+
+    def stats(self) -> dict[str, Any]:
+        """The body of ``GET /delay/stats`` for this worker."""
+        return engine_figures(
+            self.loops, self.lag, now_ms=now_ms(), window_ms=self.settings.stats_window, worker=self.settings.worker_instance_id
+        )
+
+    @Service.timer(LAG_SAMPLE_S)
+    async def _sample_lag(self) -> None:
+        """Refresh the cluster-wide pending-record figures (end offsets minus committed)."""
+        if not self.loops:
+            return
+        try:
+            self.lag = await self._lag_sampler.sample([(lp.group_id, lp.topics) for lp in self.loops])
+        except Exception as exc:  # a broker hiccup costs one sample, never the engine
+            log.debug("lag sample failed: %s", exc)
+            await self._lag_sampler.close()
+            return
+        self.metrics.set_pending(self.lag, {lp.name: lp.stats.restarts for lp in self.loops})
+
+
+class LagSampler:
+    """Measures, per topic, the records beyond each consuming group's committed offsets
+    (cluster-wide); keeps its two clients open between samples."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._consumer: AIOKafkaConsumer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+
+    async def sample(self, groups: list[tuple[str, list[str]]]) -> dict[str, int]:
+        """``{topic: pending records}`` for each (group id, topics) pair."""
+        if self._consumer is None or self._admin is None:
+            await self.close()
+            self._consumer = AIOKafkaConsumer(**self.settings.kafka_client_kwargs(), group_id=None, enable_auto_commit=False)
+            self._admin = AIOKafkaAdminClient(**self.settings.kafka_client_kwargs())
+            await self._consumer.start()
+            await self._admin.start()
+        lag: dict[str, int] = {}
+        await self._consumer.topics()  # refreshes the metadata partitions_for_topic reads
+        for group_id, topics in groups:
+            tps = [TopicPartition(t, p) for t in topics for p in sorted(self._consumer.partitions_for_topic(t) or ())]
+            ends = await self._consumer.end_offsets(tps)
+            committed = await self._admin.list_consumer_group_offsets(group_id, partitions=tps)
+            for tp in tps:
+                done = committed.get(tp)
+                position = done.offset if done is not None and done.offset >= 0 else 0
+                lag[tp.topic] = lag.get(tp.topic, 0) + max(0, ends.get(tp, 0) - position)
+        return lag
+
+    async def close(self) -> None:
+        """Close the clients (the next sample reopens them)."""
+        consumer, admin, self._consumer, self._admin = self._consumer, self._admin, None, None
+        if admin is not None:
+            await admin.close()
+        if consumer is not None:
+            await consumer.stop()
 
 
 async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]:

@@ -31,7 +31,7 @@ def test_admit_stamps_irremovable_headers_once() -> None:
     state = admitted(delay_ms=7_000)
     assert state.record_id == "rid" and state.originated_at == NOW and state.time_retried == 0
     assert state.reactivate_at == NOW - 100 + 7_000  # relative to the record's timestamp
-    assert state.delay_ms is None and state.delayed_at == NOW
+    assert state.delay_ms is None and state.delayed_at == NOW - 100  # when the producer wrote it
     again = admitted(delay_ms=7_000, record_id="given", originated_at=5, time_retried=2)
     assert (again.record_id, again.originated_at, again.time_retried) == ("given", 5, 2)
 

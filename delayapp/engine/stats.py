@@ -1,0 +1,81 @@
+"""The figures of ``GET /delay/stats``, computed from the loops' counters and a lag sample.
+
+Pending records and lag are cluster-wide (end offsets minus each group's committed
+offsets); oldest due times, throughput and lateness are this worker's, over a recent window.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+
+def percentile(sorted_values: Sequence[int], fraction: float) -> int | None:
+    """The nearest-rank percentile of already sorted values (None when empty)."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(fraction * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def window_figures(recent: Iterable[tuple[int, str, int | None]], *, now_ms: int, window_ms: int) -> dict[str, Any]:
+    """Throughput per status and lateness percentiles of the events within the window."""
+    since = now_ms - window_ms
+    counts: dict[str, int] = {}
+    lateness: list[int] = []
+    for at, status, late in recent:
+        if at < since:
+            continue
+        counts[status] = counts.get(status, 0) + 1
+        if status == "delivered" and late is not None:
+            lateness.append(late)
+    lateness.sort()
+    seconds = window_ms / 1000
+    return {
+        "per_second": {status: round(n / seconds, 3) for status, n in sorted(counts.items())},
+        "lateness_ms": {
+            "count": len(lateness),
+            "p50": percentile(lateness, 0.50),
+            "p99": percentile(lateness, 0.99),
+            "max": lateness[-1] if lateness else None,
+        },
+    }
+
+
+def loop_figures(hop_loop: Any, lag: dict[str, int], *, now_ms: int, window_ms: int) -> dict[str, Any]:
+    """One loop's entry: its topics' pending records, oldest due time, windowed figures, counters."""
+    heads = [until for until in hop_loop.pending_heads().values()]
+    due_times = [t for t in heads if t is not None]
+    stats = hop_loop.stats
+    return {
+        "topics": hop_loop.topics,
+        "running": hop_loop.running.is_set(),
+        "pending": {topic: lag.get(topic) for topic in hop_loop.topics},
+        "oldest_due_at": min(due_times) if due_times else None,
+        "partitions_waiting": sum(1 for t in due_times if t > now_ms),
+        **window_figures(stats.recent, now_ms=now_ms, window_ms=window_ms),
+        "totals": {
+            "consumed": stats.consumed, "hops": stats.hops, "delivered": stats.delivered,
+            "dead_lettered": stats.dead_lettered, "cancelled": stats.cancelled, "throttled": stats.throttled,
+            "rebalances": stats.rebalances, "restarts": stats.restarts, "stalls": stats.stalls,
+        },
+    }
+
+
+def engine_figures(loops: Sequence[Any], lag: dict[str, int], *, now_ms: int, window_ms: int, worker: str) -> dict[str, Any]:
+    """The whole ``/delay/stats`` body."""
+    by_target: dict[str, int] = {}
+    by_reason: dict[str, int] = {}
+    for hop_loop in loops:
+        for target, n in hop_loop.stats.delivered_by_target.items():
+            by_target[target] = by_target.get(target, 0) + n
+        for reason, n in hop_loop.stats.dead_letters_by_reason.items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+    return {
+        "worker": worker,
+        "at": now_ms,
+        "window_ms": window_ms,
+        "loops": {lp.name: loop_figures(lp, lag, now_ms=now_ms, window_ms=window_ms) for lp in loops},
+        "deliveries_by_target": dict(sorted(by_target.items())),
+        "dead_letters_by_reason": dict(sorted(by_reason.items())),
+    }

@@ -1,0 +1,189 @@
+"""delayapp's HTTP API: Faust web views on every worker (``DELAYAPP_WEB_PORT``).
+
+Read views are open; the two write views need ``Authorization: Bearer <DELAYAPP_API_TOKEN>``
+and answer 403 while no token is configured. ``/delay/records/{id}`` is routed by Faust to
+the worker that owns the id's partition of the ``record-states`` table, whichever worker
+is asked.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import orjson
+from faust.web import Request, Response, View
+
+from delayapp import api
+from delayapp.application import app, layout, record_states, settings
+from delayapp.core import headers as h
+from delayapp.core.cancel import CancelRequest, applies_to, encode_cancel
+from delayapp.engine.handler import now_ms
+
+
+def _engine() -> Any:
+    engine = app.engine
+    if engine is None or not engine.loops:
+        raise _Problem(503, "the delay engine is starting")
+    return engine
+
+
+class _Problem(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _refuse(view: View, problem: _Problem) -> Response:
+    return view.json({"error": str(problem)}, status=problem.status)
+
+
+def _authorise(request: Request) -> None:
+    token = settings.api_token.get_secret_value() if settings.api_token else ""
+    if not token:
+        raise _Problem(403, "the write API is off: set DELAYAPP_API_TOKEN to enable it")
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise _Problem(401, "missing or wrong bearer token")
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.read()
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise _Problem(400, "the body is not JSON") from None
+
+
+def record_view(record_id: str, state: dict | None, cancel: CancelRequest | None) -> dict | None:
+    """The body of ``GET /delay/records/{id}``: the read model plus any cancellation."""
+    if state is None and cancel is None:
+        return None
+    body = dict(state or {"record_id": record_id, "status": "waiting"})
+    body["next_awake_at"] = body.get("awake_at") if body.get("status") == "waiting" else None
+    if cancel is not None:
+        body["cancel"] = {"cancelled_at": cancel.cancelled_at, "reason": cancel.reason, "by": cancel.by}
+        # Cancelled but not yet met by a loop: it will be dropped there, never delivered.
+        if body.get("status") == "waiting":
+            body["status"] = "cancelled"
+    return body
+
+
+@app.page("/health")
+class Health(View):
+    """200 when every loop of this worker is consuming, else 503 with what is not."""
+
+    async def get(self, request: Request) -> Response:
+        engine = app.engine
+        loops = {lp.name: lp.running.is_set() for lp in engine.loops} if engine else {}
+        healthy = bool(loops) and all(loops.values()) and engine.cancellations.caught_up.is_set()
+        return self.json({"healthy": healthy, "loops": loops, "worker": settings.worker_instance_id}, status=200 if healthy else 503)
+
+
+@app.page("/delay/policies")
+class Policies(View):
+    """The governance this worker applies."""
+
+    async def get(self, request: Request) -> Response:
+        return self.json({
+            "ladder": [settings.ladder.label(d) for d in settings.ladder.denominations],
+            "topics": {"ingress": layout.ingress, "dead_letter": layout.dead_letter, "cancel": layout.cancellations,
+                       "delay": list(layout.delay_topics.values()), "priority": list(layout.priority_topics.values())},
+            "max_delay_ms": settings.max_delay,
+            "max_retries": settings.max_retries,
+            "max_overdue_ms": settings.max_overdue,
+            "max_message_bytes": settings.max_message_bytes,
+            "allowed_targets": list(settings.allowed_target_patterns),
+            "check_target_exists": settings.check_target_exists,
+            "priority_lane": settings.priority_lane,
+            "target_rates": [{"pattern": r.pattern, "per_second": r.per_second, "burst": r.burst} for r in settings.rates],
+            "processing_guarantee": settings.processing_guarantee.value,
+            "write_api": settings.api_token is not None,
+        })
+
+
+@app.page("/delay/stats")
+class Stats(View):
+    """Per loop: pending records, oldest due time, throughput and lateness; per target and reason."""
+
+    async def get(self, request: Request) -> Response:
+        try:
+            return self.json(_engine().stats())
+        except _Problem as problem:
+            return _refuse(self, problem)
+
+
+@app.page("/delay/records/{record_id}")
+class Record(View):
+    """Where a logical record is, its retries and status (routed to the owning worker)."""
+
+    @app.table_route(table=record_states, match_info="record_id")
+    async def get(self, request: Request, record_id: str) -> Response:
+        engine = app.engine
+        cancel = engine.cancellations.get(record_id) if engine else None
+        state = record_states.get(record_id)
+        if cancel is not None and state is not None and not applies_to(cancel, state.get("delayed_at")):
+            cancel = None
+        body = record_view(record_id, state, cancel)
+        if body is None:
+            return self.json({"error": f"no record {record_id!r} known (not yet routed, or never scheduled)"}, status=404)
+        return self.json(body)
+
+
+@app.page("/delay/records/{record_id}/cancel")
+class Cancel(View):
+    """Cancel a pending record: it is dropped, never delivered (needs the API token)."""
+
+    async def post(self, request: Request, record_id: str) -> Response:
+        try:
+            _authorise(request)
+            body = await _json_body(request) if request.can_read_body else {}
+            engine = _engine()
+            reason = str((body or {}).get("reason") or "") if isinstance(body, dict) else ""
+            cancelled_at = await _write_cancel(engine, record_id, reason)
+        except _Problem as problem:
+            return _refuse(self, problem)
+        return self.json({"record_id": record_id, "cancelled_at": cancelled_at, "topic": layout.cancellations}, status=202)
+
+
+@app.page("/delay/schedule")
+class Schedule(View):
+    """Hand a record to delayapp (needs the API token); ``replace`` cancels the id's pending copies first."""
+
+    async def post(self, request: Request) -> Response:
+        try:
+            _authorise(request)
+            try:
+                wanted = api.parse_schedule(await _json_body(request))
+            except api.RequestError as exc:
+                raise _Problem(400, str(exc)) from None
+            engine = _engine()
+            headers = wanted.headers
+            if wanted.replace:
+                cancelled_at = await _write_cancel(engine, wanted.record_id, "replaced")
+                # scheduled after the cancel, so the cancel does not apply to this copy
+                headers = headers + [(h.DELAYED_AT, str(cancelled_at + 1).encode())]
+            written = await engine.produce(layout.ingress, wanted.value, key=wanted.key, headers=headers)
+        except _Problem as problem:
+            return _refuse(self, problem)
+        return self.json(
+            {"record_id": wanted.record_id, "topic": written.topic, "partition": written.partition, "offset": written.offset},
+            status=202,
+        )
+
+
+async def _write_cancel(engine: Any, record_id: str, reason: str) -> int:
+    request = CancelRequest(record_id, now_ms(), reason, "http")
+    key, value = encode_cancel(request)
+    await engine.produce(layout.cancellations, value, key=key, headers=[])
+    return request.cancelled_at
+
+
+@app.page("/metrics")
+class Metrics(View):
+    """Prometheus text exposition of this worker's metrics."""
+
+    async def get(self, request: Request) -> Response:
+        engine = app.engine
+        body = engine.metrics.exposition() if engine else b""
+        return self.bytes(body, content_type="text/plain; version=0.0.4")
