@@ -40,12 +40,12 @@ AUDIT_SCHEMA = (
     "reactivate_at long, lateness_ms long, reason string, source string, topic string, partition int, offset long"
 )
 # Bucket sizes for "dead letters over time", the first that gives at most MAX_BUCKETS buckets.
-BUCKETS_MS = (60_000, 300_000, 900_000, 3_600_000, 6 * 3_600_000, 86_400_000, 7 * 86_400_000)
-MAX_BUCKETS = 120
+BUCKETS_MS = (1_000, 10_000, 60_000, 300_000, 900_000, 3_600_000, 6 * 3_600_000, 86_400_000, 7 * 86_400_000)
+MAX_BUCKETS = 60
 
 
 def time_bucket_ms(span_ms: int) -> int:
-    """The bucket size for a time series spanning ``span_ms``: a minute up to a week."""
+    """The bucket size for a time series spanning ``span_ms``: a second up to a week."""
     for size in BUCKETS_MS:
         if span_ms // size < MAX_BUCKETS:
             return size
@@ -109,6 +109,7 @@ def lateness_table(events: DataFrame) -> DataFrame:
     for i, p in enumerate(PERCENTILES):
         table = table.withColumn(f"p{int(p * 100)}_ms", F.col("p")[i])
     table = table.drop("p").fillna({"target": ALL, "denomination": ALL})
+    table = table.select("target", "denomination", "deliveries", *[f"p{int(p * 100)}_ms" for p in PERCENTILES], "max_ms", "mean_ms")
     return table.orderBy(F.col("target") == ALL, "target", F.col("denomination") == ALL, "denomination")
 
 

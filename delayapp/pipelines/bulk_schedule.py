@@ -167,8 +167,9 @@ def read_input(context: JobContext, paths: list[str], fmt: str | None) -> DataFr
     kind = fmt or paths[0].rstrip("/").rsplit(".", 1)[-1].lower()
     formats = {"csv": "csv", "json": "json", "jsonl": "json", "ndjson": "json", "parquet": "parquet"}
     if kind in formats:
-        # CSV is read as text (no inference): the job parses times and durations itself.
-        return context.spark.read.format(formats[kind]).option("header", "true").load(paths)
+        # CSV is read as text (no inference): the job parses times and durations itself;
+        # quotes inside fields are doubled, as RFC 4180 and spreadsheets write them.
+        return context.spark.read.format(formats[kind]).option("header", "true").option("escape", '"').load(paths)
     raise PipelineError(f"cannot tell the format of {paths[0]}: give --format parquet, csv or json")
 
 

@@ -61,7 +61,7 @@ class Progress:
 
     def __init__(self, job: str, quiet: bool = False) -> None:
         self.job = job
-        self.console = Console(stderr=True, quiet=quiet, highlight=False)
+        self.console = Console(stderr=True, quiet=quiet, highlight=False, markup=False)  # "[job]" is text, not markup
 
     @contextmanager
     def step(self, what: str) -> Iterator[list[str]]:

@@ -33,22 +33,38 @@ CANDIDATE_SCHEMA = (
     "replay_key string, key binary, value binary, headers array<struct<key: string, value: binary>>, "
     "reason string, record_id string, skip string"
 )
+RECORD_SCHEMA = "topic string, key binary, value binary, headers array<struct<key: string, value: binary>>"
 MAX_SKIPS_SHOWN = 5
 
 
-def replay_candidates(rows: Iterator[Any], selection: ReplayFilter, now_ms: int, delay_ms: int | None) -> Iterator[tuple]:
-    """Dead-letter rows to rows of :data:`CANDIDATE_SCHEMA`: the selected ones, with replay headers or why not."""
+def _headers(row: Any) -> list[tuple[str, bytes | None]]:
+    return [(name, None if raw is None else bytes(raw)) for name, raw in row.headers or ()]
+
+
+def replay_candidates(rows: Iterator[Any], selection: ReplayFilter) -> Iterator[tuple]:
+    """Dead-letter rows to rows of :data:`CANDIDATE_SCHEMA`: the selected ones, and why one cannot be replayed."""
     for row in rows:
-        headers = [(name, None if raw is None else bytes(raw)) for name, raw in row.headers or ()]
+        headers = _headers(row)
         info = dead_letter_info(headers)
         if not selection.matches_info(info):
             continue
         source_key = replay_key(row.topic, row.partition, row.offset)
-        replayed = replay_record_headers(headers, source_key=source_key, value_is_null=row.value is None, now_ms=now_ms, delay_ms=delay_ms)
-        if isinstance(replayed, Skip):
-            yield (source_key, None, None, None, info.reason, info.record_id, replayed.why)
-        else:
-            yield (source_key, row.key, row.value, replayed, info.reason, info.record_id, None)
+        replayed = replay_record_headers(headers, source_key=source_key, value_is_null=row.value is None, now_ms=0)
+        skip = replayed.why if isinstance(replayed, Skip) else None
+        yield (source_key, row.key, row.value, row.headers, info.reason, info.record_id, skip)
+
+
+def replay_records(rows: Iterator[Any], ingress: str, delay_ms: int | None) -> Iterator[tuple]:
+    """Candidate rows to ingress records (topic, key, value, replay headers).
+
+    The clock is read here, in the writing task, so ``--delay`` counts from the write and
+    not from when the job started planning.
+    """
+    now_ms = time.time_ns() // 1_000_000
+    for row in rows:
+        replayed = replay_record_headers(_headers(row), source_key=row.replay_key, value_is_null=row.value is None, now_ms=now_ms, delay_ms=delay_ms)
+        if not isinstance(replayed, Skip):
+            yield (ingress, row.key, row.value, replayed)
 
 
 def replay(context: JobContext, selection: ReplayFilter, delay_ms: int | None = None, dry_run: bool = False) -> dict[str, int]:
@@ -57,11 +73,10 @@ def replay(context: JobContext, selection: ReplayFilter, delay_ms: int | None = 
     markers = layout.dead_letter_replayed
     require_topics(context.kafka, [layout.dead_letter, layout.ingress])
     ensure_compacted_topic(context.kafka, markers, context.settings.partitions, context.settings.replication_factor)
-    now_ms = int(time.time() * 1000)
     with progress.step(f"selecting dead letters in {layout.dead_letter}") as said:
         letters = context.read_topic(layout.dead_letter)
         candidates = context.spark.createDataFrame(
-            letters.rdd.mapPartitions(lambda rows: replay_candidates(rows, selection, now_ms, delay_ms)), CANDIDATE_SCHEMA
+            letters.rdd.mapPartitions(lambda rows: replay_candidates(rows, selection)), CANDIDATE_SCHEMA
         ).localCheckpoint(eager=True)
         selected = candidates.count()
         said.append(f"{selected} selected")
@@ -79,9 +94,10 @@ def replay(context: JobContext, selection: ReplayFilter, delay_ms: int | None = 
         progress.say(f"dry run: {to_write} would be replayed to {layout.ingress}")
         return counts
     with progress.step(f"replaying {to_write} to {layout.ingress}"):
-        context.write_records(todo.select(F.lit(layout.ingress).alias("topic"), "key", "value", "headers"))
+        records = todo.rdd.mapPartitions(lambda rows: replay_records(rows, layout.ingress, delay_ms))
+        context.write_records(context.spark.createDataFrame(records, RECORD_SCHEMA))
     with progress.step(f"marking them in {markers}"):
-        marker = F.to_json(F.struct(F.lit(now_ms).alias("replayedAt"), F.col("record_id").alias("recordId"), F.col("reason"), F.lit("spark").alias("by")))
+        marker = F.to_json(F.struct(F.unix_millis(F.current_timestamp()).alias("replayedAt"), F.col("record_id").alias("recordId"), F.col("reason"), F.lit("spark").alias("by")))
         context.write_records(todo.select(F.lit(markers).alias("topic"), F.col("replay_key").cast("binary").alias("key"), marker.cast("binary").alias("value")))
     counts["replayed"] = to_write
     return counts

@@ -7,7 +7,8 @@ delays rounded to ``--resolution`` (default 1 s); the cost of a ladder is the ex
 minimal hop count of :class:`delayapp.core.planner.Planner`, averaged over the histogram.
 
 The search keeps the current smallest denomination (it bounds the head-of-line lateness
-of a partial last hop), grows a ladder greedily to k denominations from a candidate set of
+of a partial last hop) and never accepts a ladder needing more hops than the current one in
+the worst case up to the maximum delay (``--max-worst-hops``); it grows a ladder greedily to k denominations from a candidate set of
 round durations, then improves it by swapping one denomination at a time until no swap
 helps; it also starts from the current ladder and keeps the better result. Candidate
 ladders of each round are evaluated in parallel on the Spark executors.
@@ -38,6 +39,7 @@ from delayapp.pipelines.common import JobContext, base_parser, require_topics, r
 JOB = "optimize-ladder"
 ROUND_DURATIONS = "1s,2s,3s,5s,10s,15s,20s,30s,45s,1m,2m,3m,5m,10m,15m,20m,30m,45m,1h,2h,3h,4h,6h,8h,12h,1d,2d,3d,7d"
 INFEASIBLE = float("inf")
+PENALTY = 1e9
 
 Histogram = Sequence[tuple[int, int]]  # (delay ms, how many requests)
 Evaluator = Callable[[list[tuple[int, ...]]], list[float]]
@@ -55,9 +57,30 @@ def expected_hops(denominations: Sequence[int], histogram: Histogram) -> float:
     return sum(planner.hop_count(delay) * count for delay, count in histogram) / total
 
 
-def serial_evaluator(histogram: Histogram) -> Evaluator:
+@dataclass(frozen=True)
+class Bound:
+    """The worst case a proposal must keep: at most ``hops`` hops for any delay up to ``max_delay_ms``."""
+
+    max_delay_ms: int
+    hops: int
+
+
+def ladder_cost(denominations: Sequence[int], histogram: Histogram, bound: Bound | None = None) -> float:
+    """Expected hops; a ladder breaking ``bound`` costs PENALTY plus its worst case, so the
+    search first repairs the worst case, then lowers the mean."""
+    if bound is not None:
+        try:
+            worst = Planner(Ladder.of(sorted(denominations))).worst_case_hops(bound.max_delay_ms)
+        except ConfigError:
+            return INFEASIBLE
+        if worst > bound.hops:
+            return PENALTY + worst
+    return expected_hops(denominations, histogram)
+
+
+def serial_evaluator(histogram: Histogram, bound: Bound | None = None) -> Evaluator:
     """Evaluate candidate ladders one after the other (tests, small searches)."""
-    return lambda ladders: [expected_hops(ladder, histogram) for ladder in ladders]
+    return lambda ladders: [ladder_cost(ladder, histogram, bound) for ladder in ladders]
 
 
 @dataclass(frozen=True)
@@ -147,14 +170,14 @@ def delay_histogram(delays: DataFrame, resolution_ms: int) -> list[tuple[int, in
     return [(int(r.delay), int(r["count"])) for r in rows]
 
 
-def spark_evaluator(context: JobContext, histogram: Histogram) -> Evaluator:
+def spark_evaluator(context: JobContext, histogram: Histogram, bound: Bound | None) -> Evaluator:
     """Evaluate each round's candidate ladders in parallel on the executors."""
     sc = context.spark.sparkContext
     shared = sc.broadcast(list(histogram))
 
     def evaluate(ladders: list[tuple[int, ...]]) -> list[float]:
         slices = max(1, min(len(ladders), sc.defaultParallelism * 4))
-        return sc.parallelize(ladders, slices).map(lambda ladder: expected_hops(ladder, shared.value)).collect()
+        return sc.parallelize(ladders, slices).map(lambda ladder: ladder_cost(ladder, shared.value, bound)).collect()
 
     return evaluate
 
@@ -179,7 +202,9 @@ def default_candidates(smallest: int, largest_delay: int) -> list[int]:
     return [v for v in values if smallest <= v <= upto]
 
 
-def optimize(context: JobContext, k: int | None, source: str, resolution_ms: int, candidates: list[int] | None) -> dict[str, Any]:
+def optimize(
+    context: JobContext, k: int | None, source: str, resolution_ms: int, candidates: list[int] | None, worst_hops: int | None = None
+) -> dict[str, Any]:
     """Observe, search, and compare the best ladder with the current one."""
     layout, progress, settings = context.layout, context.progress, context.settings
     topic = layout.ingress if source == "ingress" else layout.audit
@@ -193,12 +218,16 @@ def optimize(context: JobContext, k: int | None, source: str, resolution_ms: int
         raise PipelineError(f"no delay requests found in {topic}")
     current = settings.ladder
     k = k or len(current.denominations)
-    pool = candidates or default_candidates(current.smallest, histogram[-1][0])
-    with progress.step(f"searching ladders of {k} denominations over {len(pool)} candidates") as said:
-        best = optimize_ladder(k, current.smallest, pool, spark_evaluator(context, histogram), current.denominations)
+    pool = candidates or default_candidates(current.smallest, max(histogram[-1][0], current.largest))
+    max_delay = max(settings.max_delay, histogram[-1][0])
+    # Never propose a ladder worse than today's in the worst case up to the maximum delay.
+    bound = Bound(max_delay, worst_hops or Planner(current).worst_case_hops(max_delay))
+    with progress.step(f"searching ladders of {k} denominations over {len(pool)} candidates, at most {bound.hops} hops up to {format_duration(max_delay)}") as said:
+        best = optimize_ladder(k, current.smallest, pool, spark_evaluator(context, histogram, bound), current.denominations)
+        if best.expected_hops >= PENALTY:
+            raise PipelineError(f"no ladder of {k} denominations keeps every delay up to {format_duration(max_delay)} within {bound.hops} hops")
         now = Choice(current.denominations, expected_hops(current.denominations, histogram))
         said.append(f"{best.ladder}: {best.expected_hops:.3f} expected hops")
-    max_delay = max(settings.max_delay, histogram[-1][0])
     return {
         "requests": requests,
         "current": describe(now, histogram, layout.prefix, max_delay),
@@ -222,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", choices=["ingress", "audit"], default="ingress", help="where the delay requests are read (default: ingress)")
     parser.add_argument("--resolution", default="1s", help="round observed delays to this (default 1s)")
     parser.add_argument("--candidates", help="comma-separated candidate denominations (default: round durations up to the largest delay)")
+    parser.add_argument("--max-worst-hops", type=int, help="worst-case hops allowed up to the maximum delay (default: the current ladder's)")
     parser.add_argument("--json", dest="json_path", help="also write the comparison as JSON to this file")
     return parser
 
@@ -236,7 +266,7 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
             candidates = list(Ladder.parse(args.candidates).denominations) if args.candidates else None
         except ConfigError as exc:
             raise PipelineError(str(exc)) from None
-        result = optimize(context, args.denominations, args.source, max(resolution, 1), candidates)
+        result = optimize(context, args.denominations, args.source, max(resolution, 1), candidates, args.max_worst_hops)
         print(format_comparison(result))
         if args.json_path:
             with open(args.json_path, "w", encoding="utf-8") as fh:

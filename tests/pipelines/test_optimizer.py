@@ -25,7 +25,7 @@ def test_optimizer_from_ingress_requests(spark, bootstrap, tmp_path, capsys):
     requests += [{"value": b"x", "headers": [("reactivateToTopic", b"t")]}]  # no due time: ignored
     produce(bootstrap, f"{prefix}.ingress", requests)
     out = tmp_path / "ladder.json"
-    args = ["--broker", bootstrap, "--prefix", prefix, "--quiet", "--denominations", "3", "--candidates", "2s,5s,7s,10s,30s,1m,70s", "--json", str(out)]
+    args = ["--broker", bootstrap, "--prefix", prefix, "--quiet", "--denominations", "3", "--candidates", "2s,5s,7s,10s,30s,1m,70s", "--max-worst-hops", "1000000", "--json", str(out)]
 
     assert optimizer.main(args, spark=spark) == 0
 
@@ -44,7 +44,7 @@ def test_optimizer_from_audit_first_hops(spark, bootstrap, tmp_path):
     events += [AuditEvent(f"r{i}", "waiting", 6_000, audit_seq(0, 2, "waiting"), 0, 2, "t", reactivate_at=46_000, source="x/0/0") for i in range(10)]  # later hops: not requests
     produce(bootstrap, f"{prefix}.audit", [{"value": e.encode(f"{prefix}.audit", 0, 0)} for e in events])
     out = tmp_path / "ladder.json"
-    args = ["--broker", bootstrap, "--prefix", prefix, "--quiet", "--source", "audit", "--denominations", "2", "--json", str(out)]
+    args = ["--broker", bootstrap, "--prefix", prefix, "--quiet", "--source", "audit", "--denominations", "2", "--max-worst-hops", "1000000", "--json", str(out)]
     assert optimizer.main(args, spark=spark) == 0
     result = json.loads(out.read_text())
     assert result["requests"] == 10 and result["proposed"] == {**result["proposed"], "ladder": "1s,45s", "expected_hops": 1.0}

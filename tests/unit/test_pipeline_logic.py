@@ -144,3 +144,14 @@ def test_optimizer_refuses_impossible_budgets_and_candidates_stop_above_the_larg
     assert default_candidates(S, 50 * S) == [S, 2 * S, 3 * S, 5 * S, 10 * S, 15 * S, 20 * S, 30 * S, 45 * S, 60 * S]
     text = format_comparison({"current": dict.fromkeys(["ladder", "denominations", "topics", "expected_hops", "worst_case_hops", "max_delay"], 1), "proposed": dict.fromkeys(["ladder", "denominations", "topics", "expected_hops", "worst_case_hops", "max_delay"], 2)})
     assert "expected hops" in text.splitlines()[4]
+
+
+def test_a_ladder_breaking_the_worst_case_bound_loses_to_any_that_keeps_it():
+    from delayapp.pipelines.optimizer import PENALTY, Bound, ladder_cost
+
+    histogram = [(7 * S, 1)]
+    bound = Bound(max_delay_ms=3_600 * S, hops=100)
+    assert ladder_cost((S, 7 * S), histogram, bound) >= PENALTY  # an hour of 7s hops
+    assert ladder_cost((S, 7 * S, 600 * S), histogram, bound) == 1.0
+    best = optimize_ladder(3, S, [7 * S, 60 * S, 600 * S], serial_evaluator(histogram, bound))
+    assert best.expected_hops == 1.0 and 7 * S in best.denominations  # and within the bound, unlike (1s, 7s) + anything tiny
