@@ -51,3 +51,7 @@ class EmbeddedBrokerError(BrokerError):
     """The embedded Tansu broker could not be found or started."""
 
     retriable = False
+
+
+class PipelineError(DelayAppError):
+    """A Spark pipeline cannot go on: bad input rows, a missing topic, a record Kafka refused."""
