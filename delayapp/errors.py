@@ -69,3 +69,7 @@ class WorkerUnavailable(LookupFailed):
     """No delayapp worker answers at the address a command was given."""
 
     retriable = True
+
+
+class PipelineError(DelayAppError):
+    """A Spark pipeline cannot go on: bad input rows, a missing topic, a record Kafka refused."""

@@ -425,7 +425,8 @@ def _quiet(logger_name: str) -> Iterator[None]:
 async def _send_one(producer: AIOKafkaProducer, layout: TopicLayout, dead: DeadLetter, headers: list[tuple[str, bytes]]) -> str:
     meta = await producer.send_and_wait(layout.ingress, dead.record.value, key=dead.record.key, headers=headers)
     where = f"{meta.topic}/{meta.partition}/{meta.offset}"
-    marker = {"replayed_at": now_ms(), "record_id": dead.info.record_id, "to": where}
+    # the Spark dlq-replay job's marker fields, plus where the record went
+    marker = {"replayedAt": now_ms(), "recordId": dead.info.record_id, "reason": dead.info.reason, "by": "cli", "to": where}
     await producer.send_and_wait(layout.dead_letter_replayed, orjson.dumps(marker), key=dead.marker_key.encode())
     return where
 

@@ -267,7 +267,7 @@ class ChaosRun:
             table: dict[str, dict] = {}
             for record in collector.on(changelog):
                 if record.key and record.value:
-                    table[orjson.loads(record.key)] = orjson.loads(record.value)
+                    table[record.key.decode()] = orjson.loads(record.value)  # keys are raw record ids
             return table
 
         def complete() -> dict[str, dict] | None:

@@ -1,0 +1,280 @@
+"""Denomination optimizer: the ladder of k denominations with the fewest expected hops.
+
+Observed delay requests come from the ingress topic (``delayMs``, or ``reactivateAt`` /
+``validAt`` minus the record's timestamp) or, with ``--source audit``, from the audit
+topic's first-hop events (``reactivate_at - at``). Spark reduces them to a histogram of
+delays rounded to ``--resolution`` (default 1 s); the cost of a ladder is the exact
+minimal hop count of :class:`delayapp.core.planner.Planner`, averaged over the histogram.
+
+The search keeps the current smallest denomination (it bounds the head-of-line lateness
+of a partial last hop) and never accepts a ladder needing more hops than the current one in
+the worst case up to the maximum delay (``--max-worst-hops``); it grows a ladder greedily to k denominations from a candidate set of
+round durations, then improves it by swapping one denomination at a time until no swap
+helps; it also starts from the current ladder and keeps the better result. Candidate
+ladders of each round are evaluated in parallel on the Spark executors.
+
+``python -m delayapp.pipelines optimize-ladder --denominations 9``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from delayapp.core import headers as h
+from delayapp.core.durations import format_duration, parse_duration
+from delayapp.core.ladder import Ladder
+from delayapp.core.planner import Planner
+from delayapp.engine.topics import TopicLayout
+from delayapp.errors import ConfigError, PipelineError
+from delayapp.pipelines.audit_report import AUDIT_SCHEMA, header_text
+from delayapp.pipelines.common import JobContext, base_parser, require_topics, run_job
+
+JOB = "optimize-ladder"
+ROUND_DURATIONS = "1s,2s,3s,5s,10s,15s,20s,30s,45s,1m,2m,3m,5m,10m,15m,20m,30m,45m,1h,2h,3h,4h,6h,8h,12h,1d,2d,3d,7d"
+INFEASIBLE = float("inf")
+PENALTY = 1e9
+
+Histogram = Sequence[tuple[int, int]]  # (delay ms, how many requests)
+Evaluator = Callable[[list[tuple[int, ...]]], list[float]]
+
+
+def expected_hops(denominations: Sequence[int], histogram: Histogram) -> float:
+    """Mean minimal hop count over the observed delays; infinite for an unplannable ladder."""
+    total = sum(count for _, count in histogram)
+    if total == 0:
+        return 0.0
+    try:
+        planner = Planner(Ladder.of(sorted(denominations)))
+    except ConfigError:  # too fine for the exact table: not a ladder delayapp can run
+        return INFEASIBLE
+    return sum(planner.hop_count(delay) * count for delay, count in histogram) / total
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The worst case a proposal must keep: at most ``hops`` hops for any delay up to ``max_delay_ms``."""
+
+    max_delay_ms: int
+    hops: int
+
+
+def ladder_cost(denominations: Sequence[int], histogram: Histogram, bound: Bound | None = None) -> float:
+    """Expected hops; a ladder breaking ``bound`` costs PENALTY plus its worst case, so the
+    search first repairs the worst case, then lowers the mean."""
+    if bound is not None:
+        try:
+            worst = Planner(Ladder.of(sorted(denominations))).worst_case_hops(bound.max_delay_ms)
+        except ConfigError:
+            return INFEASIBLE
+        if worst > bound.hops:
+            return PENALTY + worst
+    return expected_hops(denominations, histogram)
+
+
+def serial_evaluator(histogram: Histogram, bound: Bound | None = None) -> Evaluator:
+    """Evaluate candidate ladders one after the other (tests, small searches)."""
+    return lambda ladders: [ladder_cost(ladder, histogram, bound) for ladder in ladders]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A ladder and its expected hops."""
+
+    denominations: tuple[int, ...]
+    expected_hops: float
+
+    @property
+    def ladder(self) -> Ladder:
+        """As a :class:`Ladder`."""
+        return Ladder.of(self.denominations)
+
+
+def _local_search(start: tuple[int, ...], fixed: int, candidates: Sequence[int], cost: Callable[[list[tuple[int, ...]]], list[float]]) -> Choice:
+    best = Choice(start, cost([start])[0])
+    while True:
+        neighbours = sorted(
+            {tuple(sorted((set(best.denominations) - {out}) | {into})) for out in best.denominations if out != fixed for into in candidates if into not in best.denominations}
+        )
+        if not neighbours:
+            return best
+        scores = cost(neighbours)
+        score, ladder = min(zip(scores, neighbours))
+        if score >= best.expected_hops - 1e-12:
+            return best
+        best = Choice(ladder, score)
+
+
+def optimize_ladder(
+    k: int, smallest: int, candidates: Iterable[int], evaluate: Evaluator, current: Sequence[int] | None = None
+) -> Choice:
+    """The best ladder of ``k`` denominations found (``smallest`` always included).
+
+    Greedy growth from ``smallest``, then single swaps to a local optimum; the same local
+    search from ``current`` (cut or padded to ``k``) too; the better of the two wins.
+    """
+    pool = sorted({c for c in candidates if c > smallest})
+    if k < 1:
+        raise PipelineError("a ladder needs at least one denomination")
+    if k - 1 > len(pool):
+        raise PipelineError(f"only {len(pool) + 1} candidate denominations for a ladder of {k}: widen --candidates")
+    seen: dict[tuple[int, ...], float] = {}
+
+    def cost(ladders: list[tuple[int, ...]]) -> list[float]:
+        todo = [ladder for ladder in ladders if ladder not in seen]
+        for ladder, score in zip(todo, evaluate(todo) if todo else []):
+            seen[ladder] = score
+        return [seen[ladder] for ladder in ladders]
+
+    grown: tuple[int, ...] = (smallest,)
+    while len(grown) < k:
+        options = [tuple(sorted(grown + (c,))) for c in pool if c not in grown]
+        grown = min(zip(cost(options), options))[1]
+    results = [_local_search(grown, smallest, pool, cost)]
+    if current:
+        start = [smallest] + [d for d in sorted(current) if d > smallest][: k - 1]
+        start += [c for c in pool if c not in start][: k - len(start)]
+        results.append(_local_search(tuple(sorted(start)), smallest, pool, cost))
+    return min(results, key=lambda choice: (choice.expected_hops, choice.denominations))
+
+
+def observed_delays_from_ingress(context: JobContext) -> DataFrame:
+    """Requested delays (ms) of the records on the ingress topic."""
+    frame = context.read_topic(context.layout.ingress)
+    sent = F.unix_millis("timestamp")
+    delay = F.coalesce(
+        header_text(h.DELAY_MS).try_cast("long"),
+        header_text(h.REACTIVATE_AT).try_cast("long") - sent,
+        header_text(h.VALID_AT).try_cast("long") - sent,
+    )
+    return frame.select(delay.alias("delay_ms"))
+
+
+def observed_delays_from_audit(context: JobContext) -> DataFrame:
+    """Requested delays (ms) from the audit topic: due time minus the time of the first hop."""
+    events = context.read_topic(context.layout.audit).select(F.from_json(F.col("value").cast("string"), AUDIT_SCHEMA).alias("e")).select("e.*")
+    first_hops = events.filter("status = 'waiting' AND hops = 1").dropDuplicates(["record_id", "seq"])
+    return first_hops.select((F.col("reactivate_at") - F.col("at")).alias("delay_ms"))
+
+
+def delay_histogram(delays: DataFrame, resolution_ms: int) -> list[tuple[int, int]]:
+    """Positive delays rounded to ``resolution_ms``, counted per value (collected to the driver)."""
+    rounded = (F.greatest(F.round(F.col("delay_ms") / resolution_ms), F.lit(1)) * resolution_ms).cast("long")
+    rows = delays.filter("delay_ms > 0").groupBy(rounded.alias("delay")).count().orderBy("delay").collect()
+    return [(int(r.delay), int(r["count"])) for r in rows]
+
+
+def spark_evaluator(context: JobContext, histogram: Histogram, bound: Bound | None) -> Evaluator:
+    """Evaluate each round's candidate ladders in parallel on the executors."""
+    sc = context.spark.sparkContext
+    shared = sc.broadcast(list(histogram))
+
+    def evaluate(ladders: list[tuple[int, ...]]) -> list[float]:
+        slices = max(1, min(len(ladders), sc.defaultParallelism * 4))
+        return sc.parallelize(ladders, slices).map(lambda ladder: ladder_cost(ladder, shared.value, bound)).collect()
+
+    return evaluate
+
+
+def describe(choice: Choice, histogram: Histogram, prefix: str, max_delay_ms: int) -> dict[str, Any]:
+    """What to print about a ladder: denominations, expected and worst-case hops, topic count."""
+    ladder = choice.ladder
+    return {
+        "ladder": str(ladder),
+        "denominations": len(ladder.denominations),
+        "topics": len(TopicLayout(prefix, ladder).all_topics),
+        "expected_hops": round(choice.expected_hops, 3),
+        "worst_case_hops": Planner(ladder).worst_case_hops(max_delay_ms),
+        "max_delay": format_duration(max_delay_ms),
+    }
+
+
+def default_candidates(smallest: int, largest_delay: int) -> list[int]:
+    """Round durations from ``smallest`` up to the first at or above the largest observed delay."""
+    values = sorted(parse_duration(d) for d in ROUND_DURATIONS.split(","))
+    upto = next((v for v in values if v >= largest_delay), values[-1])
+    return [v for v in values if smallest <= v <= upto]
+
+
+def optimize(
+    context: JobContext, k: int | None, source: str, resolution_ms: int, candidates: list[int] | None, worst_hops: int | None = None
+) -> dict[str, Any]:
+    """Observe, search, and compare the best ladder with the current one."""
+    layout, progress, settings = context.layout, context.progress, context.settings
+    topic = layout.ingress if source == "ingress" else layout.audit
+    require_topics(context.kafka, [topic])
+    with progress.step(f"reading delay requests from {topic}") as said:
+        delays = observed_delays_from_ingress(context) if source == "ingress" else observed_delays_from_audit(context)
+        histogram = delay_histogram(delays, resolution_ms)
+        requests = sum(c for _, c in histogram)
+        said.append(f"{requests} requests, {len(histogram)} distinct delays at {format_duration(resolution_ms)} resolution")
+    if not histogram:
+        raise PipelineError(f"no delay requests found in {topic}")
+    current = settings.ladder
+    k = k or len(current.denominations)
+    pool = candidates or default_candidates(current.smallest, max(histogram[-1][0], current.largest))
+    max_delay = max(settings.max_delay, histogram[-1][0])
+    # Never propose a ladder worse than today's in the worst case up to the maximum delay.
+    bound = Bound(max_delay, worst_hops or Planner(current).worst_case_hops(max_delay))
+    with progress.step(f"searching ladders of {k} denominations over {len(pool)} candidates, at most {bound.hops} hops up to {format_duration(max_delay)}") as said:
+        best = optimize_ladder(k, current.smallest, pool, spark_evaluator(context, histogram, bound), current.denominations)
+        if best.expected_hops >= PENALTY:
+            raise PipelineError(f"no ladder of {k} denominations keeps every delay up to {format_duration(max_delay)} within {bound.hops} hops")
+        now = Choice(current.denominations, expected_hops(current.denominations, histogram))
+        said.append(f"{best.ladder}: {best.expected_hops:.3f} expected hops")
+    return {
+        "requests": requests,
+        "current": describe(now, histogram, layout.prefix, max_delay),
+        "proposed": describe(best, histogram, layout.prefix, max_delay),
+    }
+
+
+def format_comparison(result: dict[str, Any]) -> str:
+    """The current and proposed ladders side by side."""
+    rows = [("", "current", "proposed")]
+    for field in ("ladder", "denominations", "topics", "expected_hops", "worst_case_hops", "max_delay"):
+        rows.append((field.replace("_", " "), str(result["current"][field]), str(result["proposed"][field])))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Command-line options of the optimizer job."""
+    parser = base_parser(f"python -m delayapp.pipelines {JOB}", "Choose the ladder of k denominations with the fewest expected hops for the observed delays.")
+    parser.add_argument("--denominations", type=int, help="k, the number of denominations (delay topics) allowed (default: the current ladder's)")
+    parser.add_argument("--source", choices=["ingress", "audit"], default="ingress", help="where the delay requests are read (default: ingress)")
+    parser.add_argument("--resolution", default="1s", help="round observed delays to this (default 1s)")
+    parser.add_argument("--candidates", help="comma-separated candidate denominations (default: round durations up to the largest delay)")
+    parser.add_argument("--max-worst-hops", type=int, help="worst-case hops allowed up to the maximum delay (default: the current ladder's)")
+    parser.add_argument("--json", dest="json_path", help="also write the comparison as JSON to this file")
+    return parser
+
+
+def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
+    """Run the job; 0 when a ladder was proposed."""
+    args = build_parser().parse_args(argv)
+
+    def body(context: JobContext) -> int:
+        try:
+            resolution = parse_duration(args.resolution)
+            candidates = list(Ladder.parse(args.candidates).denominations) if args.candidates else None
+        except ConfigError as exc:
+            raise PipelineError(str(exc)) from None
+        result = optimize(context, args.denominations, args.source, max(resolution, 1), candidates, args.max_worst_hops)
+        print(format_comparison(result))
+        if args.json_path:
+            with open(args.json_path, "w", encoding="utf-8") as fh:
+                json.dump(result, fh, indent=2)
+        return 0
+
+    return run_job(args, JOB, body, spark=spark)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The optimizer reads delay requests from Kafka and proposes a ladder beating the current one."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from delayapp.chaos.procs import unique
+from delayapp.engine.handler import AuditEvent, audit_seq
+from delayapp.pipelines import optimizer
+
+from tests.pipelines.kafka_util import make_topics, produce
+
+pytestmark = pytest.mark.integration
+
+
+def test_optimizer_from_ingress_requests(spark, bootstrap, tmp_path, capsys):
+    prefix = unique("opt")
+    make_topics(bootstrap, f"{prefix}.ingress")
+    now = int(time.time() * 1000)
+    requests = [{"value": b"x", "headers": [("reactivateToTopic", b"t"), ("delayMs", b"7000")]} for _ in range(30)]
+    requests += [{"value": b"x", "headers": [("reactivateToTopic", b"t"), ("reactivateAt", str(now + 70_000).encode())], "timestamp": now} for _ in range(30)]
+    requests += [{"value": b"x", "headers": [("reactivateToTopic", b"t")]}]  # no due time: ignored
+    produce(bootstrap, f"{prefix}.ingress", requests)
+    out = tmp_path / "ladder.json"
+    args = ["--broker", bootstrap, "--prefix", prefix, "--quiet", "--denominations", "3", "--candidates", "2s,5s,7s,10s,30s,1m,70s", "--max-worst-hops", "1000000", "--json", str(out)]
+
+    assert optimizer.main(args, spark=spark) == 0
+
+    result = json.loads(out.read_text())
+    assert result["requests"] == 60
+    assert result["proposed"]["ladder"] == "1s,7s,1m10s" and result["proposed"]["expected_hops"] == 1.0
+    assert result["current"]["ladder"] == "1s,5s,30s,1m,5m,30m,1h,6h,1d" and result["current"]["expected_hops"] == 3.0  # 5s+1s+1s and 1m+5s+5s
+    printed = capsys.readouterr().out
+    assert "expected hops" in printed and "1s,7s,1m10s" in printed
+
+
+def test_optimizer_from_audit_first_hops(spark, bootstrap, tmp_path):
+    prefix = unique("opt")
+    make_topics(bootstrap, f"{prefix}.audit")
+    events = [AuditEvent(f"r{i}", "waiting", 1_000, audit_seq(0, 1, "waiting"), 0, 1, "t", awake_at=6_000, reactivate_at=1_000 + 45_000, source="x/0/0") for i in range(10)]
+    events += [AuditEvent(f"r{i}", "waiting", 6_000, audit_seq(0, 2, "waiting"), 0, 2, "t", reactivate_at=46_000, source="x/0/0") for i in range(10)]  # later hops: not requests
+    produce(bootstrap, f"{prefix}.audit", [{"value": e.encode(f"{prefix}.audit", 0, 0)} for e in events])
+    out = tmp_path / "ladder.json"
+    args = ["--broker", bootstrap, "--prefix", prefix, "--quiet", "--source", "audit", "--denominations", "2", "--max-worst-hops", "1000000", "--json", str(out)]
+    assert optimizer.main(args, spark=spark) == 0
+    result = json.loads(out.read_text())
+    assert result["requests"] == 10 and result["proposed"] == {**result["proposed"], "ladder": "1s,45s", "expected_hops": 1.0}
