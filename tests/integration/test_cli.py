@@ -13,6 +13,9 @@ import pytest
 
 from delayapp.core import headers as h
 from delayapp.core.replay import REPLAYED_FROM
+from delayapp.engine.topics import TopicLayout
+from delayapp.settings import load_settings
+from delayapp.tools import read_replay_markers
 
 from .kafka_helpers import SESSION_MS, TEST_LADDER, Collector, Worker, create_topics, producer, unique, wait_for
 
@@ -208,6 +211,11 @@ async def test_dlq_list_filters_and_replay_delivers_once(bootstrap: str) -> None
             await wait_for(lambda: len(collector.on(target)) >= 2, 60, "the replayed records at their target")
             assert sorted(r.value for r in collector.on(target)) == [b"v-a", b"v-b"]
             assert all(h.header_value(r.headers, REPLAYED_FROM).startswith(f"{prefix}.dlq/".encode()) for r in collector.on(target))
+
+            settings = load_settings(broker=bootstrap, topic_prefix=prefix, denominations=TEST_LADDER)
+            markers = await read_replay_markers(settings, TopicLayout(prefix, settings.ladder))
+            assert len(markers) == 2 and {m["by"] for m in markers.values()} == {"cli"}
+            assert all(m["to"].startswith(f"{prefix}.ingress/") and m["reason"] == "unknown-target" for m in markers.values())
 
             listed_after = await cli(bootstrap, prefix, "dlq", "list", *selection)
             assert listed_after.out.count(" yes ") == 2
