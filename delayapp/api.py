@@ -14,12 +14,13 @@ import base64
 import binascii
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from delayapp.client import schedule_headers
 from delayapp.core import headers as h
-from delayapp.errors import DelayAppError
+from delayapp.core.instants import parse_instant
+from delayapp.engine.handler import now_ms
+from delayapp.errors import ConfigError, DelayAppError
 
 
 class RequestError(DelayAppError):
@@ -38,20 +39,14 @@ class ScheduleRequest:
 
 
 def parse_time(value: Any, name: str) -> int:
-    """Epoch ms from an integer or an ISO-8601 string (a zone is required)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, str):
-        if value.isdigit():
-            return int(value)
-        try:
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            raise RequestError(f"{name}: not epoch ms or ISO-8601: {value[:40]!r}") from None
-        if parsed.tzinfo is None:
-            raise RequestError(f"{name}: give a time zone (e.g. 2026-01-01T00:00:00Z)")
-        return int(parsed.timestamp() * 1000)
-    raise RequestError(f"{name}: expected epoch ms or an ISO-8601 string")
+    """Epoch ms from an integer or a string: epoch ms or ISO-8601 (UTC when no zone), the
+    same rules as the CLI (:func:`delayapp.core.instants.parse_instant`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise RequestError(f"{name}: expected epoch ms or an ISO-8601 string")
+    try:
+        return parse_instant(str(value), now_ms=now_ms())
+    except ConfigError as exc:
+        raise RequestError(f"{name}: {exc}") from None
 
 
 def _text_or_none(body: dict, name: str) -> str | None:

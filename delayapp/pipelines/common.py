@@ -6,13 +6,12 @@ import argparse
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Callable, Iterator, Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from rich.console import Console
 
-from delayapp.core.durations import parse_duration
+from delayapp.core.instants import AGO, parse_instant
 from delayapp.engine.topics import TopicLayout
 from delayapp.errors import ConfigError, DelayAppError, PipelineError
 from delayapp.pipelines.kafka_source import FORMAT, client_config, kafka_options
@@ -31,29 +30,21 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_time_ms(text: str) -> int:
-    """Epoch ms from epoch-ms digits or an ISO-8601 time (UTC unless it says otherwise)."""
-    text = text.strip()
-    if text.isdigit():
-        return int(text)
+def parse_time_ms(text: str, now_ms: int | None = None) -> int:
+    """Epoch ms from epoch-ms digits or an ISO-8601 time (UTC unless it says otherwise);
+    the same rules as the CLI (:func:`delayapp.core.instants.parse_instant`)."""
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise PipelineError(f"not a time: {text!r} (epoch milliseconds or ISO-8601 like 2026-05-01T09:30:00Z)") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return int(moment.timestamp() * 1000)
+        return parse_instant(str(text), now_ms=now_ms or 0)
+    except ConfigError as exc:
+        raise PipelineError(str(exc)) from None
 
 
 def parse_time_or_ago_ms(text: str, now_ms: int) -> int:
     """Like :func:`parse_time_ms`, also accepting a duration before now: ``2h`` = two hours ago."""
     try:
-        return parse_time_ms(text)
-    except PipelineError:
-        try:
-            return now_ms - parse_duration(text)
-        except ConfigError:
-            raise PipelineError(f"not a time or a duration ago: {text!r}") from None
+        return parse_instant(str(text), now_ms=now_ms, relative=AGO)
+    except ConfigError as exc:
+        raise PipelineError(str(exc)) from None
 
 
 class Progress:

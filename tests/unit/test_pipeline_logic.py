@@ -81,11 +81,12 @@ def test_ingress_headers_follow_the_contract():
     [
         (ScheduleRequest("orders", "1", "5s", None), "exactly one"),
         (ScheduleRequest("orders", None, None, None), "exactly one"),
+        (ScheduleRequest("orders", "1", None, None), "seconds"),
         (ScheduleRequest(None, "1", None, None), "target"),
-        (ScheduleRequest("bad topic!", "1", None, None), "topic name"),
+        (ScheduleRequest("bad topic!", "1700000000000", None, None), "topic name"),
         (ScheduleRequest("orders", None, "soon", None), "duration"),
-        (ScheduleRequest("orders", "1", None, '{"recordId": "mine"}'), "set by the job"),
-        (ScheduleRequest("orders", "1", None, "[1]"), "object"),
+        (ScheduleRequest("orders", "1700000000000", None, '{"recordId": "mine"}'), "set by the job"),
+        (ScheduleRequest("orders", "1700000000000", None, "[1]"), "object"),
     ],
 )
 def test_ingress_headers_refuse_bad_rows(request_, message):
