@@ -96,8 +96,9 @@ def _window(frame: DataFrame, column: str, since_ms: int | None, until_ms: int |
     return frame
 
 
-def lateness_table(events: DataFrame) -> DataFrame:
-    """Lateness percentiles of deliveries per target and denomination, with ``(all)`` roll-ups."""
+def lateness_table(events: DataFrame, ladder_labels: Sequence[str] = ()) -> DataFrame:
+    """Lateness percentiles of deliveries per target and denomination, with ``(all)`` roll-ups;
+    denominations in ladder order (``ingress`` first), labels off the ladder before them."""
     delivered = events.filter("status = 'delivered' AND lateness_ms IS NOT NULL")
     pcts = F.percentile_approx("lateness_ms", F.array(*[F.lit(p) for p in PERCENTILES]), 10_000)
     table = delivered.cube("target", "denomination").agg(
@@ -110,7 +111,8 @@ def lateness_table(events: DataFrame) -> DataFrame:
         table = table.withColumn(f"p{int(p * 100)}_ms", F.col("p")[i])
     table = table.drop("p").fillna({"target": ALL, "denomination": ALL})
     table = table.select("target", "denomination", "deliveries", *[f"p{int(p * 100)}_ms" for p in PERCENTILES], "max_ms", "mean_ms")
-    return table.orderBy(F.col("target") == ALL, "target", F.col("denomination") == ALL, "denomination")
+    rank = F.array_position(F.array(*[F.lit(label) for label in ("ingress", *ladder_labels)]), F.col("denomination"))
+    return table.orderBy(F.col("target") == ALL, "target", F.col("denomination") == ALL, rank, "denomination")
 
 
 def histogram(frame: DataFrame, column: str) -> DataFrame:
@@ -250,7 +252,7 @@ def report(context: JobContext, out_dir: str, since_ms: int | None = None, until
         span = letters.agg((F.max("at") - F.min("at")).alias("span")).first()
         bucket_ms = time_bucket_ms(int(span.span or 0))
         tables = {
-            "lateness": lateness_table(events),
+            "lateness": lateness_table(events, layout.ladder.labels),
             "hops": histogram(events.filter("status = 'delivered'"), "hops"),
             "retries": histogram(final_events(events), "retries"),
             "dead_letters_by_reason": letters.groupBy("reason").agg(F.count("*").alias("dead_letters")).orderBy(F.desc("dead_letters"), "reason"),
