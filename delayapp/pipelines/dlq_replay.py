@@ -81,7 +81,9 @@ def replay(context: JobContext, selection: ReplayFilter, delay_ms: int | None = 
         selected = candidates.count()
         said.append(f"{selected} selected")
     with progress.step(f"skipping those already in {markers}") as said:
-        done = context.read_topic(markers).select(F.col("key").cast("string").alias("replay_key")).distinct()
+        # the latest marker per key counts: a tombstone withdraws one (as the CLI reads them)
+        latest = context.read_topic(markers).groupBy("key").agg(F.max_by("value", "offset").alias("value"))
+        done = latest.filter(F.col("value").isNotNull()).select(F.col("key").cast("string").alias("replay_key"))
         pending = candidates.join(done, "replay_key", "left_anti").localCheckpoint(eager=True)
         unreplayable = pending.filter("skip IS NOT NULL")
         todo = pending.filter("skip IS NULL").localCheckpoint(eager=True)

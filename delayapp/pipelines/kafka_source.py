@@ -442,7 +442,9 @@ def produce_rows(options: Mapping[str, str], rows: Iterator[Any]) -> int:
         if error is not None:
             failures.append(f"{message.topic()}: {error}")
 
-    producer = Producer({"acks": "all", "linger.ms": 5, **client_config(options)})
+    # murmur2_random: keys land in the partitions Java, aiokafka and the engine pick (librdkafka's
+    # default, consistent_random, hashes differently), so a key's markers share one partition.
+    producer = Producer({"acks": "all", "linger.ms": 5, "partitioner": "murmur2_random", **client_config(options)})
     default_topic = options.get("topic")
     count = 0
     for row in rows:

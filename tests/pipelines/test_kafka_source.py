@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 from pyspark.sql import functions as F
 
 from delayapp.chaos.procs import unique
@@ -33,6 +34,8 @@ def test_write_then_batch_read_round_trip(spark, kafka, bootstrap):
         (t, k, v, [(n, x and bytes(x)) for n, x in hs]) for t, k, v, hs in rows
     )
     assert all(r.timestamp is not None and r.offset >= 0 for r in records)
+    partitioner = DefaultPartitioner()  # keyed rows land where Java, aiokafka and the engine put them
+    assert all(r.partition == partitioner(bytes(r.key), [0, 1], [0, 1]) for r in records)
     assert got.groupBy("topic", "partition").agg(F.count("*").alias("n"), F.max("offset").alias("last")).filter("n != last + 1").count() == 0
 
 
