@@ -17,10 +17,13 @@ import orjson
 
 from delayapp.engine.service import DelayEngine, bootstrap_topics
 from delayapp.engine.topics import TopicLayout
-from delayapp.readmodel import merge_record_state
+from delayapp.engine.handler import now_ms
+from delayapp.readmodel import EXPIRE, expire_event, expired_states, merge_record_state, should_drop
 from delayapp.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
+
+EXPIRE_BATCH = 10_000  # expire requests per timer tick, so one tick never floods the audit topic
 
 settings: Settings = load_settings()
 layout = TopicLayout(settings.topic_prefix, settings.ladder, with_compat_envelope=settings.compat_envelope)
@@ -94,9 +97,26 @@ async def track_records(events: Any) -> None:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             log.warning("ignoring a malformed audit event")
             continue
-        merged = merge_record_state(record_states.get(record_id.encode()), event)
+        key = record_id.encode()
+        if event.get("status") == EXPIRE:
+            if should_drop(record_states.get(key), event):
+                del record_states[key]
+            continue
+        merged = merge_record_state(record_states.get(key), event)
         if merged is not None:
-            record_states[record_id.encode()] = merged
+            record_states[key] = merged
+
+
+@app.timer(interval=max(1.0, min(60.0, settings.record_state_ttl / 4000)))
+async def expire_record_states() -> None:
+    """Ask, through the audit stream, for final states older than the TTL to be dropped.
+
+    Tables change only inside their agent (it owns the partition and writes the changelog),
+    so this sends an ``expire`` event per stale id; a standby replica asking too is harmless.
+    """
+    stale = expired_states(list(record_states.values()), now_ms=now_ms(), ttl_ms=settings.record_state_ttl, limit=EXPIRE_BATCH)
+    for state in stale:
+        await audit_topic.send(key=str(state["record_id"]).encode(), value=orjson.dumps(expire_event(state)))
 
 
 @app.service

@@ -23,7 +23,7 @@ from delayapp.core.throttle import TargetRate, parse_rates
 from delayapp.errors import ConfigError
 
 
-DURATION_FIELDS = ("retention_margin", "dead_letter_retention", "max_delay", "max_overdue", "liveness_threshold", "stats_window")
+DURATION_FIELDS = ("retention_margin", "dead_letter_retention", "max_delay", "max_overdue", "liveness_threshold", "stats_window", "record_state_ttl")
 
 
 class Guarantee(str, enum.Enum):
@@ -126,6 +126,9 @@ class Settings(BaseSettings):
         None, description="bearer token for POST /delay/schedule and /delay/records/{id}/cancel; unset = those views are off"
     )
     stats_window: int = Field(60_000, description="window of the throughput and lateness figures in /delay/stats (duration)")
+    record_state_ttl: int = Field(
+        86_400_000, description="delivered, dead-lettered and cancelled record states leave the record-states table after this (duration)"
+    )
 
     @field_validator(*DURATION_FIELDS, mode="before")
     @classmethod

@@ -30,7 +30,7 @@ async def worker(bootstrap: str):
     prefix = unique("usr")
     w = Worker(
         bootstrap, prefix, DELAYAPP_PARTITIONS="2", DELAYAPP_API_TOKEN=TOKEN,
-        DELAYAPP_TARGET_RATES=f"it-slow-*={SLOW_RATE}/s", DELAYAPP_STATS_WINDOW="5m",
+        DELAYAPP_TARGET_RATES=f"it-slow-*={SLOW_RATE}/s", DELAYAPP_STATS_WINDOW="5m", DELAYAPP_RECORD_STATE_TTL="20s",
     ).start()
     try:
         await w.wait_ready()
@@ -118,6 +118,16 @@ async def test_schedule_over_http_then_find_the_record_and_the_stats(bootstrap: 
     delivering = [lp for lp in stats["loops"].values() if lp["lateness_ms"]["count"]]
     assert delivering and all(lp["lateness_ms"]["p50"] >= 0 for lp in delivering)
     assert f"{worker.prefix}.delay.1s" in stats["loops"]["delay-1s"]["pending"]
+
+
+async def test_final_record_states_leave_the_table_after_their_ttl(http) -> None:
+    """http-1 was delivered by the test above; 20 s later (the worker's TTL) it is forgotten."""
+
+    async def forgotten() -> bool:
+        async with http.get(f"{http.base}/delay/records/http-1") as response:
+            return response.status == 404
+
+    await wait_for(forgotten, 90, "the delivered record's state to expire")
 
 
 async def test_cancelled_records_are_never_delivered_and_updates_replace(bootstrap: str, http, worker: Worker) -> None:
