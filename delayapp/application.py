@@ -114,7 +114,7 @@ async def expire_record_states() -> None:
     Tables change only inside their agent (it owns the partition and writes the changelog),
     so this sends an ``expire`` event per stale id; a standby replica asking too is harmless.
     """
-    stale = expired_states(list(record_states.values()), now_ms=now_ms(), ttl_ms=settings.record_state_ttl, limit=EXPIRE_BATCH)
+    stale = expired_states(record_states.values(), now_ms=now_ms(), ttl_ms=settings.record_state_ttl, limit=EXPIRE_BATCH)
     for state in stale:
         await audit_topic.send(key=str(state["record_id"]).encode(), value=orjson.dumps(expire_event(state)))
 

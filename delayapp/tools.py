@@ -27,6 +27,7 @@ from delayapp.core.durations import format_duration
 from delayapp.core.planner import Hop, Planner
 from delayapp.core.policies import stable_record_id
 from delayapp.core.replay import DeadLetterInfo, ReplayFilter, Skip, dead_letter_info, replay_key, replay_record_headers
+from delayapp.engine.handler import now_ms
 from delayapp.engine.service import bootstrap_topics, probe_transactions
 from delayapp.engine.topics import TopicLayout, describe_retention, topic_specs
 from delayapp.errors import BrokerError, CommandError, HeaderError, RecordNotFound, WorkerUnavailable
@@ -40,11 +41,6 @@ SCAN_STALL_S = 30.0
 # stops there, so a dead-letter topic that is written all the time still has an end.
 SCAN_CUTOFF_MS = 60_000
 REPLAY_TRANSACTION_SIZE = 100
-
-
-def now_ms() -> int:
-    """Wall-clock epoch milliseconds."""
-    return time.time_ns() // 1_000_000
 
 
 # -- schedule ------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from faust.web import Request, Response, View
 from delayapp import api
 from delayapp.application import app, layout, record_states, settings
 from delayapp.core import headers as h
-from delayapp.core.cancel import CancelRequest, applies_to, encode_cancel
-from delayapp.engine.handler import now_ms
+from delayapp.client import cancel
+from delayapp.core.cancel import CancelRequest, applies_to
 
 
 def _engine() -> Any:
@@ -147,9 +147,9 @@ class Cancel(View):
         try:
             _authorise(request)
             body = await _json_body(request) if request.can_read_body else {}
-            engine = _engine()
-            reason = str((body or {}).get("reason") or "") if isinstance(body, dict) else ""
-            cancelled_at = await _write_cancel(engine, record_id, reason)
+            reason = str(body.get("reason") or "") if isinstance(body, dict) else ""
+            producer = await _engine().api_producer()
+            cancelled_at = await cancel(producer, record_id, cancel_topic=layout.cancellations, reason=reason, by="http")
         except _Problem as problem:
             return _refuse(self, problem)
         return self.json({"record_id": record_id, "cancelled_at": cancelled_at, "topic": layout.cancellations}, status=202)
@@ -166,26 +166,19 @@ class Schedule(View):
                 wanted = api.parse_schedule(await _json_body(request))
             except api.RequestError as exc:
                 raise _Problem(400, str(exc)) from None
-            engine = _engine()
+            producer = await _engine().api_producer()
             headers = wanted.headers
             if wanted.replace:
-                cancelled_at = await _write_cancel(engine, wanted.record_id, "replaced")
+                cancelled_at = await cancel(producer, wanted.record_id, cancel_topic=layout.cancellations, reason="replaced", by="http")
                 # scheduled after the cancel, so the cancel does not apply to this copy
                 headers = headers + [(h.DELAYED_AT, str(cancelled_at + 1).encode())]
-            written = await engine.produce(layout.ingress, wanted.value, key=wanted.key, headers=headers)
+            written = await producer.send_and_wait(layout.ingress, wanted.value, key=wanted.key, headers=headers)
         except _Problem as problem:
             return _refuse(self, problem)
         return self.json(
             {"record_id": wanted.record_id, "topic": written.topic, "partition": written.partition, "offset": written.offset},
             status=202,
         )
-
-
-async def _write_cancel(engine: Any, record_id: str, reason: str) -> int:
-    request = CancelRequest(record_id, now_ms(), reason, "http")
-    key, value = encode_cancel(request)
-    await engine.produce(layout.cancellations, value, key=key, headers=[])
-    return request.cancelled_at
 
 
 @app.page("/metrics")

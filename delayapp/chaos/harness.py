@@ -17,8 +17,6 @@ import json
 import logging
 import random
 import signal
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,14 +27,11 @@ from delayapp.broker import EmbeddedBroker, free_port
 from delayapp.chaos.procs import TopicCollector, WorkerProcess, create_topics, embedded_broker_env, unique, wait_for
 from delayapp.chaos.proxy import CuttableProxy
 from delayapp.core import headers as h
+from delayapp.engine.handler import now_ms
 
 log = logging.getLogger("delayapp.chaos")
 
 LATE_MS = 1_000
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass
@@ -295,7 +290,6 @@ class ChaosRun:
         """Run everything and always clean up processes."""
         c = self.config
         bootstrap = self._start_broker()
-        loops = 1 + len(c.ladder.split(","))
         try:
             self.workers = [WorkerProcess(self._worker_env(bootstrap, slot), name=f"{self.prefix}-w{slot}") for slot in range(c.workers)]
             for worker in self.workers:

@@ -9,7 +9,7 @@ carries the source record's own key, value and headers.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from delayapp.compat.cesium import translate_cesium
 from delayapp.compat.envelope import translate_envelope
@@ -48,6 +48,11 @@ class TranslatingHandler:
         if isinstance(result, DeadLetter):
             return result
         return TranslatedRecord(record.topic, record.partition, record.offset, record.timestamp, record.key, result.value, result.headers)
+
+    def targets(self, records: Iterable[Any], *, now: int) -> set[str]:
+        """The target topics ``records`` name once translated (untranslatable ones name none)."""
+        translated = (self.translated(record, now) for record in records)
+        return self.inner.targets([t for t in translated if not isinstance(t, DeadLetter)], now=now)
 
     def handle(self, record: Any, *, now: int, ingress: bool = True) -> Wait | list[Output]:
         """Translate ``record`` and admit it as the router does (``ingress`` is always true here)."""

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any
 
-from delayapp.compat.handler import TranslatingHandler, cesium_handler, envelope_handler
-from delayapp.core.policies import DeadLetter, Reason
+from delayapp.compat.handler import cesium_handler, envelope_handler
+from delayapp.core.policies import Reason
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.loop import HopLoop
 from delayapp.engine.topics import TopicLayout
@@ -14,38 +14,6 @@ from delayapp.errors import ConfigError
 from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
-
-Hook = Callable[[list[Any]], Awaitable[None]]
-
-
-class CompatLoop(HopLoop):
-    """A router loop on a compat source whose ``before_decide`` hook sees translated records.
-
-    The engine's hook refreshes the list of existing topics when a record targets one it has
-    not seen; a compat record names its target only once translated (in its envelope, or by
-    configuration), so the hook is handed the translations.
-    """
-
-    handler: TranslatingHandler
-
-    @property  # type: ignore[override]
-    def before_decide(self) -> Hook | None:
-        """The hook set by the engine, fed translated records (untranslatable ones left out)."""
-        hook = self._hook
-        if hook is None:
-            return None
-
-        async def on_translated(records: list[Any]) -> None:
-            now = self.clock()
-            translated = (self.handler.translated(record, now) for record in records)
-            await hook([t for t in translated if not isinstance(t, DeadLetter)])
-
-        return on_translated
-
-    @before_decide.setter
-    def before_decide(self, hook: Hook | None) -> None:
-        self._hook = hook
-
 
 def _check_cesium(settings: Settings, handler: RecordHandler) -> tuple[str, str]:
     """The relay's source and destination; refuses a destination the policy would refuse for
@@ -66,14 +34,14 @@ def compat_loops(layout: TopicLayout, *, handler: RecordHandler, settings: Setti
     s = settings
     loops: list[HopLoop] = []
     if s.compat_envelope:
-        loops.append(CompatLoop(
+        loops.append(HopLoop(
             name="compat-envelope", topic=layout.compat_envelope, group_id=f"{s.app_id}.compat-envelope",
             handler=envelope_handler(handler), settings=s, ingress=True, **common,
         ))
         log.info("compat ingress: Redis-scheduler envelopes on %s", layout.compat_envelope)
     if s.cesium_source is not None:
         source, destination = _check_cesium(s, handler)
-        loops.append(CompatLoop(
+        loops.append(HopLoop(
             name="cesium", topic=source, group_id=f"{s.app_id}.cesium",
             handler=cesium_handler(handler, destination), settings=s, ingress=True, **common,
         ))

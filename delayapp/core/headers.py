@@ -116,7 +116,6 @@ _FIELD_BY_HEADER = {
 _HEADER_BY_FIELD = {v: k for k, v in _FIELD_BY_HEADER.items()}
 assert set(_HEADER_BY_FIELD) == {f.name for f in fields(DelayHeaders)}
 _COUNTS = {TIME_RETRIED, DELAY_HOPS}
-_TEXTS = {RECORD_ID, REACTIVATE_TO_TOPIC, PRIORITY}
 
 
 def _decode_ascii(name: str, raw: bytes | None) -> str:

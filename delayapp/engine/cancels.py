@@ -40,9 +40,6 @@ class CancelRegistry(Service):
         """The cancellation of ``record_id``, or None."""
         return self._cancels.get(record_id) if record_id else None
 
-    def __len__(self) -> int:
-        return len(self._cancels)
-
     async def on_start(self) -> None:
         self._consumer = AIOKafkaConsumer(**self.kafka_client_kwargs, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=200)
         await self._consumer.start()
@@ -53,7 +50,7 @@ class CancelRegistry(Service):
         await self._consumer.seek_to_beginning(*tps)
         ends = await self._consumer.end_offsets(tps) if tps else {}
         while [tp for tp, end in ends.items() if await self._consumer.position(tp) < end]:
-            await self._apply(await self._consumer.getmany(timeout_ms=500))
+            self._apply(await self._consumer.getmany(timeout_ms=500))
         self.caught_up.set()
         log.info("cancel registry: %d live cancellations read from %s", len(self._cancels), self.topic)
 
@@ -65,9 +62,9 @@ class CancelRegistry(Service):
     async def _tail(self) -> None:
         await self.caught_up.wait()
         while not self.should_stop and self._consumer is not None:
-            await self._apply(await self._consumer.getmany(timeout_ms=500))
+            self._apply(await self._consumer.getmany(timeout_ms=500))
 
-    async def _apply(self, fetched: dict) -> None:
+    def _apply(self, fetched: dict) -> None:
         for records in fetched.values():
             for record in records:
                 key = record.key.decode("utf-8", "replace") if record.key else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Container
+from typing import Any, Callable, Container, Iterable
 
 import orjson
 
@@ -113,6 +113,15 @@ class RecordHandler:
         self.cancellations = cancellations
         self.slots = slots
         self.priority_lane = priority_lane
+
+    def targets(self, records: Iterable[Any], *, now: int) -> set[str]:
+        """The target topics ``records`` name (their ``reactivateToTopic``), read without decoding the rest."""
+        names = set()
+        for record in records:
+            raw = h.header_value(record.headers, h.REACTIVATE_TO_TOPIC)
+            if raw:
+                names.add(raw.decode("ascii", "replace"))
+        return names
 
     def handle(self, record: Any, *, now: int, ingress: bool) -> Wait | list[Output]:
         """Wait (not due: the partition waits) or the records to produce for ``record``."""

@@ -148,7 +148,8 @@ class HopLoop(Service):
         self._stalled: set[TopicPartition] = set()
         self._exited = asyncio.Event()
         self.running = asyncio.Event()
-        self.before_decide: Callable[[list[Any]], Awaitable[None]] | None = None
+        # called with the target topics a fetched batch names, before it is decided
+        self.before_decide: Callable[[set[str]], Awaitable[None]] | None = None
 
     @property
     def label(self) -> str:
@@ -258,7 +259,7 @@ class HopLoop(Service):
             self._apply_pauses()
             fetched = await consumer.getmany(timeout_ms=self._poll_timeout_ms(), max_records=self.settings.max_batch)
             if fetched and self.before_decide is not None:
-                await self.before_decide([r for records in fetched.values() for r in records])
+                await self.before_decide(self.handler.targets([r for records in fetched.values() for r in records], now=self.clock()))
             for tp, records in fetched.items():
                 if tp in consumer.assignment():
                     skip = self._released_before.get(tp, ())

@@ -20,7 +20,6 @@ from aiokafka.admin import AIOKafkaAdminClient
 from mode import Service
 
 from delayapp.compat.loops import compat_loops
-from delayapp.core.headers import REACTIVATE_TO_TOPIC, header_value
 from delayapp.core.planner import Planner
 from delayapp.core.policies import Policy
 from delayapp.core.throttle import DeliverySlots
@@ -79,15 +78,13 @@ class KnownTopics:
         finally:
             await admin.close()
 
-    async def ensure(self, records: Iterable[Any]) -> None:
-        """Refresh if a record targets a topic that is unknown and was not checked this second."""
+    async def ensure(self, targets: Iterable[str]) -> None:
+        """Refresh if a target topic is unknown and was not checked this second."""
         now = time.monotonic()
-        unknown = set()
-        for record in records:
-            raw = header_value(record.headers, REACTIVATE_TO_TOPIC)
-            name = raw.decode("ascii", "replace") if raw is not None else None
-            if name and name not in self.names and now - self._missing_since.get(name, -TOPIC_REFRESH_S) >= TOPIC_REFRESH_S:
-                unknown.add(name)
+        unknown = {
+            name for name in targets
+            if name not in self.names and now - self._missing_since.get(name, -TOPIC_REFRESH_S) >= TOPIC_REFRESH_S
+        }
         if unknown:
             await self.refresh()
             self._missing_since = {n: t for n, t in self._missing_since.items() if now - t < TOPIC_REFRESH_S}
@@ -150,7 +147,7 @@ class DelayEngine(Service):
         self.loops = [router] + [
             HopLoop(
                 name=f"delay-{self.settings.ladder.label(d)}", topic=topic,
-                priority_topic=self.layout.delay_topic(d, priority=True) if s.priority_lane else None,
+                priority_topic=self.layout.priority_topics[d] if s.priority_lane else None,
                 group_id=f"{s.app_id}.{topic.removeprefix(s.topic_prefix + '.')}", **common,
             )
             for d, topic in self.layout.delay_topics.items()
@@ -174,13 +171,13 @@ class DelayEngine(Service):
         """Wait until every loop has joined its group and is consuming."""
         await asyncio.wait_for(asyncio.gather(*(lp.running.wait() for lp in self.loops)), timeout)
 
-    async def produce(self, topic: str, value: bytes | None, *, key: bytes | None, headers: list[tuple[str, bytes]]) -> Any:
-        """Write one record (the HTTP API's schedule and cancel); returns its RecordMetadata."""
+    async def api_producer(self) -> AIOKafkaProducer:
+        """The producer of the HTTP API's schedule and cancel, started on first use."""
         if self._producer is None:
             producer = AIOKafkaProducer(**self.settings.kafka_client_kwargs(), acks="all", client_id=f"{self.settings.app_id}-api")
             await producer.start()
             self._producer = producer
-        return await (await self._producer.send(topic, value, key=key, headers=headers))
+        return self._producer
 
     def stats(self) -> dict[str, Any]:
         """The body of ``GET /delay/stats`` for this worker."""

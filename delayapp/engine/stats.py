@@ -44,8 +44,7 @@ def window_figures(recent: Iterable[tuple[int, str, int | None]], *, now_ms: int
 
 def loop_figures(hop_loop: Any, lag: dict[str, int], *, now_ms: int, window_ms: int) -> dict[str, Any]:
     """One loop's entry: its topics' pending records, oldest due time, windowed figures, counters."""
-    heads = [until for until in hop_loop.pending_heads().values()]
-    due_times = [t for t in heads if t is not None]
+    due_times = [t for t in hop_loop.pending_heads().values() if t is not None]
     stats = hop_loop.stats
     return {
         "topics": hop_loop.topics,

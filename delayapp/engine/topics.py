@@ -76,6 +76,11 @@ class TopicLayout:
         return {d: self.delay_topic(d, priority=True) for d in self.ladder.denominations}
 
     @property
+    def bulk_scheduled(self) -> str:
+        """Compacted, written by the Spark bulk-schedule job: one marker per recordId it scheduled."""
+        return f"{self.prefix}.bulk.scheduled"
+
+    @property
     def compacted_topics(self) -> list[str]:
         """The topics that hold one latest value per key."""
         return [self.cancellations, self.dead_letter_replayed]

@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 
 from delayapp.core import headers as h
 from delayapp.core.durations import format_duration
+from delayapp.engine.handler import now_ms
 from delayapp.pipelines.common import JobContext, base_parser, parse_time_or_ago_ms, require_topics, run_job
 
 JOB = "audit-report"
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body(context: JobContext) -> int:
-        now = int(time.time() * 1000)
+        now = now_ms()
         since = parse_time_or_ago_ms(args.since, now) if args.since else None
         until = parse_time_or_ago_ms(args.until, now) if args.until else None
         result = report(context, args.out, since, until)

@@ -30,7 +30,7 @@ import json
 import sys
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
@@ -46,11 +46,6 @@ RECORD_ID_NAMESPACE = uuid.UUID("6f0c3a52-2f7e-4a59-9a43-7d1f3f0b8c11")
 USER_SETTABLE_DELAY_HEADERS = frozenset({h.VALID_AT, h.EXPIRE_AT})
 MAX_ERRORS_SHOWN = 5
 PLANNED_SCHEMA = "record_id string, topic string, key binary, value binary, headers array<struct<key: string, value: binary>>, error string"
-
-
-def marker_topic(prefix: str) -> str:
-    """The compacted topic remembering every recordId the bulk job scheduled."""
-    return f"{prefix}.bulk.scheduled"
 
 
 def bulk_record_id(explicit_id: str | None, content: str, occurrence: int) -> str:
@@ -176,7 +171,7 @@ def read_input(context: JobContext, paths: list[str], fmt: str | None) -> DataFr
 def schedule(context: JobContext, paths: list[str], fmt: str | None = None) -> dict[str, int]:
     """Schedule the rows of ``paths`` not scheduled before; counts of rows, new, skipped, written."""
     progress, layout = context.progress, context.layout
-    markers = marker_topic(layout.prefix)
+    markers = layout.bulk_scheduled
     require_topics(context.kafka, [layout.ingress])
     ensure_compacted_topic(context.kafka, markers, context.settings.partitions, context.settings.replication_factor)
     with progress.step(f"reading {', '.join(paths)}") as said:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any, Iterator
 
 from pyspark.sql import functions as F
 
 from delayapp.core.durations import parse_duration
 from delayapp.core.replay import ReplayFilter, Skip, dead_letter_info, replay_key, replay_record_headers
+from delayapp.engine.handler import now_ms
 from delayapp.errors import ConfigError, PipelineError
 from delayapp.pipelines.common import JobContext, base_parser, ensure_compacted_topic, parse_time_or_ago_ms, require_topics, run_job
 
@@ -60,9 +60,9 @@ def replay_records(rows: Iterator[Any], ingress: str, delay_ms: int | None) -> I
     The clock is read here, in the writing task, so ``--delay`` counts from the write and
     not from when the job started planning.
     """
-    now_ms = time.time_ns() // 1_000_000
+    written_at = now_ms()
     for row in rows:
-        replayed = replay_record_headers(_headers(row), source_key=row.replay_key, value_is_null=row.value is None, now_ms=now_ms, delay_ms=delay_ms)
+        replayed = replay_record_headers(_headers(row), source_key=row.replay_key, value_is_null=row.value is None, now_ms=written_at, delay_ms=delay_ms)
         if not isinstance(replayed, Skip):
             yield (ingress, row.key, row.value, replayed)
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
             delay_ms = parse_duration(args.delay) if args.delay else None
         except ConfigError as exc:
             raise PipelineError(str(exc)) from None
-        counts = replay(context, selection_from(args, int(time.time() * 1000)), delay_ms, args.dry_run)
+        counts = replay(context, selection_from(args, now_ms()), delay_ms, args.dry_run)
         context.progress.say("done: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()))
         print(json.dumps(counts))
         return 0

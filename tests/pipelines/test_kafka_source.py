@@ -9,7 +9,6 @@ from aiokafka.partitioner import DefaultPartitioner
 from pyspark.sql import functions as F
 
 from delayapp.chaos.procs import unique
-from delayapp.errors import PipelineError
 from delayapp.pipelines.kafka_source import FORMAT
 
 from tests.pipelines.kafka_util import make_topics, produce, read_all

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from delayapp.compat.cesium import DELAY_BY, DELAY_UNTIL, translate_cesium
 from delayapp.compat.envelope import CALLER_SERVICE, Envelope, parse_envelope, translate_envelope
 from delayapp.compat.handler import TranslatedRecord as Rec, cesium_handler, envelope_handler  # a consumed record's fields
-from delayapp.compat.loops import CompatLoop, compat_loops
+from delayapp.compat.loops import compat_loops
 from delayapp.compat.translation import Translation
 from delayapp.core import headers as h
 from delayapp.core.ladder import Ladder
@@ -336,14 +336,10 @@ def test_a_relay_every_record_of_which_would_be_refused_does_not_start(source, d
         loops_for(cesium_source=source, cesium_destination=destination)
 
 
-async def test_the_engine_hook_sees_translated_records_so_new_targets_are_looked_up() -> None:
+def test_the_engine_hook_sees_translated_targets_so_new_targets_are_looked_up() -> None:
+    # the loop hands its before_decide hook handler.targets(batch): for a compat loop, the
+    # targets of the translated records
     [loop] = loops_for(compat_envelope=True)
-    assert isinstance(loop, CompatLoop) and loop.before_decide is None
-    seen: list = []
-
-    async def hook(records: list) -> None:
-        seen.extend(records)
-
-    loop.before_decide = hook
-    await loop.before_decide([Rec("cx.compat.envelope", 0, 1, NOW, None, envelope(topic="orders"), []), Rec("cx.compat.envelope", 0, 2, NOW, None, b"junk", [])])
-    assert [h.header_value(r.headers, h.REACTIVATE_TO_TOPIC) for r in seen] == [b"orders"]
+    assert loop.before_decide is None
+    batch = [Rec("cx.compat.envelope", 0, 1, NOW, None, envelope(topic="orders"), []), Rec("cx.compat.envelope", 0, 2, NOW, None, b"junk", [])]
+    assert loop.handler.targets(batch, now=NOW) == {"orders"}
