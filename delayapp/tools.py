@@ -28,6 +28,7 @@ from delayapp.core.planner import Hop, Planner
 from delayapp.core.policies import stable_record_id
 from delayapp.core.replay import DeadLetterInfo, ReplayFilter, Skip, dead_letter_info, replay_key, replay_record_headers
 from delayapp.engine.handler import now_ms
+from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.service import bootstrap_topics, probe_transactions
 from delayapp.engine.topics import TopicLayout, describe_retention, topic_specs
 from delayapp.errors import BrokerError, CommandError, HeaderError, RecordNotFound, WorkerUnavailable
@@ -275,8 +276,7 @@ async def scan_topic(settings: Settings, topic: str, *, missing_ok: bool = False
 
 
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int] | None:
-    await consumer.topics()  # loads metadata for every topic
-    return consumer.partitions_for_topic(topic)
+    return (await topic_partitions(consumer, [topic])).get(topic)
 
 
 # -- dead letters --------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from mode import Service
 
 from delayapp.core.cancel import CancelRequest, decode_cancel
 from delayapp.engine.handler import now_ms
+from delayapp.engine.metadata import topic_partitions
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,7 @@ class CancelRegistry(Service):
     async def on_start(self) -> None:
         self._consumer = AIOKafkaConsumer(**self.kafka_client_kwargs, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=200)
         await self._consumer.start()
-        await self._consumer.topics()  # fetches the cluster metadata partitions_for_topic reads
-        partitions = self._consumer.partitions_for_topic(self.topic) or set()
+        partitions = (await topic_partitions(self._consumer, [self.topic])).get(self.topic, set())
         tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
         self._consumer.assign(tps)
         await self._consumer.seek_to_beginning(*tps)

@@ -26,6 +26,7 @@ from delayapp.core.throttle import DeliverySlots
 from delayapp.engine.cancels import DAY_MS, CancelRegistry
 from delayapp.engine.handler import RecordHandler, now_ms
 from delayapp.engine.loop import HopLoop
+from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.metrics import EngineMetrics
 from delayapp.engine.stats import engine_figures
 from delayapp.engine.topics import TopicLayout, ensure_topics, topic_specs
@@ -217,9 +218,9 @@ class LagSampler:
             await self._consumer.start()
             await self._admin.start()
         lag: dict[str, int] = {}
-        await self._consumer.topics()  # refreshes the metadata partitions_for_topic reads
+        partitions = await topic_partitions(self._consumer, {t for _, topics in groups for t in topics})
         for group_id, topics in groups:
-            tps = [TopicPartition(t, p) for t in topics for p in sorted(self._consumer.partitions_for_topic(t) or ())]
+            tps = [TopicPartition(t, p) for t in topics for p in sorted(partitions.get(t, ()))]
             ends = await self._consumer.end_offsets(tps)
             committed = await self._admin.list_consumer_group_offsets(group_id, partitions=tps)
             for tp in tps:
