@@ -23,7 +23,10 @@ from delayapp.core.throttle import TargetRate, parse_rates
 from delayapp.errors import ConfigError
 
 
-DURATION_FIELDS = ("retention_margin", "dead_letter_retention", "max_delay", "max_overdue", "liveness_threshold", "stats_window", "record_state_ttl")
+DURATION_FIELDS = (
+    "retention_margin", "dead_letter_retention", "max_delay", "max_overdue", "liveness_threshold", "stats_window", "record_state_ttl",
+    "emit_timeout",
+)
 
 
 class Guarantee(str, enum.Enum):
@@ -104,6 +107,10 @@ class Settings(BaseSettings):
     producer_linger_ms: int = Field(0, description="producer linger; 0 keeps hops prompt, batches still form while a request is in flight")
     release_ahead: bool = Field(True, description="release due records queued behind a head that is not due (released offsets kept in commit metadata)")
     liveness_threshold: int = Field(30_000, description="a partition holding due records without progress this long is reported and recovered (duration)")
+    max_queued_bytes: int = Field(
+        64 * 1_048_576, ge=1_048_576, description="bytes of fetched, unprocessed records one loop holds at most (its partitions pause beyond)"
+    )
+    emit_timeout: int = Field(60_000, description="longest a batch's writes and commit may take before the loop reopens (duration)")
 
     # -- Faust --------------------------------------------------------------------------------
     store: str = Field("memory://", description="Faust table store (memory:// or rocksdb://)")

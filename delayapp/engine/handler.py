@@ -198,6 +198,15 @@ class RecordHandler:
             self.slots.forget(ticket)  # the ladder carries the slot from here
         return rerouted, slot
 
+    def refused(self, record: Any, verdict: DeadLetter, *, now: int, drop_value: bool = False) -> Output:
+        """The dead-letter copy of consumed ``record``, whose output a target refused for good;
+        its delay state is read for the audit event when its headers allow."""
+        try:
+            state: h.DelayHeaders | None = h.decode(record.headers)[0]
+        except HeaderError:
+            state = None
+        return self.dead_letter(record, verdict, now=now, state=state, drop_value=drop_value)
+
     def dead_letter(self, record: Any, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None, drop_value: bool = False) -> Output:
         """The dead-letter copy: original key, value and headers, plus reason and detail.
 

@@ -5,16 +5,22 @@ duplicated 8-38 % (at_least_once) and wrote outputs outside the transaction
 (exactly_once). This loop is a plain aiokafka consumer/producer pair run as a
 ``mode.Service`` inside the Faust worker.
 
-Per partition it keeps the records fetched but not yet processed (bounded: at most a
-couple of fetches per partition). When the head record is not due, only that partition
-waits: it is paused, the loop keeps serving the others and its own heartbeats, and it
-resumes when the head is due, so a wait longer than the session timeout never causes a
-rebalance and memory stays bounded however many records wait in Kafka.
+What happens to each partition's records is decided by the pure state machine
+:class:`delayapp.core.partition.PartitionState` (queues, waits, release-ahead, the commit
+point); this module only fetches, pauses, writes and commits. When a partition's head is
+not due, only that partition waits: it is paused (unless records behind the head may be
+released ahead), the loop keeps serving the others and its heartbeats, and resumes it when
+the head is due, so a wait longer than the session timeout never causes a rebalance and
+memory stays bounded (in records and in bytes) however many records wait in Kafka.
 
-Records behind a head that is not due are not stuck behind it: a partition keeps fetching
-(up to a bounded backlog) and releases every queued record whose own ``awakeAt`` has come,
-in any order. The commit stays at the head; the offsets released beyond it go into the
-commit's metadata (``delayapp.core.released``), so a restarted or new owner skips them.
+Never early, by any clock: due times are compared with :class:`delayapp.core.clock.GuardedClock`
+(the earlier of the worker's wall clock and a lower bound of the broker's), and a record's
+``awakeAt`` is believed only as far as its topic's denomination allows, so a forged or
+skewed ``awakeAt`` cannot hold a partition beyond it.
+
+Never skipped: the consumer never resets its position silently. A group without a commit
+starts at the beginning; a committed position the log no longer holds (retention deleted
+records that were never forwarded) is an alarm: logged, counted, then read from the start.
 """
 
 from __future__ import annotations
@@ -27,37 +33,34 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError, UnknownTopicOrPartitionError
+from aiokafka.errors import (
+    CommitFailedError,
+    CorruptRecordException,
+    InvalidTopicError,
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+    PolicyViolationError,
+    RecordListTooLargeError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+)
 from mode import Service
 
+from delayapp.core.clock import GuardedClock, monotonic_ms
 from delayapp.core.headers import AWAKE_AT, header_value
-from delayapp.core.policies import DeadLetter, Reason, Wait
-from delayapp.core.released import decode_released, encode_released
-from delayapp.engine.handler import Output, RecordHandler, now_ms
+from delayapp.core.partition import PartitionState, Pending
+from delayapp.core.policies import DeadLetter, Reason
+from delayapp.engine.handler import Output, RecordHandler, record_size
 from delayapp.settings import Guarantee, Settings
 
 log = logging.getLogger(__name__)
 
 POLL_MS = 100
-MAX_RELEASED_AHEAD = 300  # per partition; keeps the commit metadata far below Kafka's 4 KB
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A fetched record not yet committed: its ``awakeAt`` parsed once, and whether it was
-    already released ahead of the partition's head."""
-
-    record: Any
-    awake_at: int | None
-    released: bool = False
-
-
-def _awake_at(record: Any) -> int | None:
-    raw = header_value(record.headers, AWAKE_AT)
-    return int(raw) if raw is not None and raw.isdigit() and len(raw) < 19 else None
-
-
 RECENT_EVENTS = 50_000  # per loop, for windowed throughput and lateness percentiles
+AWAKE_SLACK_MS = 1_000  # how far beyond its denomination an awakeAt may lie (writers' clocks differ a little)
 
 
 @dataclass
@@ -78,6 +81,8 @@ class LoopStats:
     restarts: int = 0
     commits: int = 0
     stalls: int = 0
+    rewinds: int = 0
+    skipped_by_retention: int = 0  # records deleted by retention before they were forwarded (an alarm)
     delivered_by_target: Counter = field(default_factory=Counter)
     dead_letters_by_reason: Counter = field(default_factory=Counter)
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
@@ -89,19 +94,24 @@ class _Rebalance(ConsumerRebalanceListener):
         self.loop = loop
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        # 1. Let the batch in flight finish: forward first, then commit.
-        # 2. Drop what was fetched for revoked partitions; the next owner re-fetches it
-        #    from the committed offset, so nothing is lost and nothing skipped.
+        # 1. Anything fetched before this point belongs to the old generation: a batch
+        #    fetched but not yet queued is dropped (the generation changes).
+        # 2. Let the batch in flight finish: forward first, then commit.
+        # 3. Drop what was fetched for revoked partitions; the next owner re-fetches it from
+        #    the committed offset (and skips what the commit metadata says was released).
+        self.loop._generation += 1
         async with self.loop._batch_lock:
             self.loop._forget(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        # 3. Partitions come back un-paused at their committed offset. Re-apply the waits
-        #    still known; any other head that is not due pauses its partition again when
-        #    fetched, so a rebalance never releases a record early.
+        # 4. New partitions are not served until their commit (offset and released-ahead
+        #    metadata) is loaded: records fetched for them before that are dropped and
+        #    fetched again (see HopLoop._take).
+        # 5. Any head that is not due pauses its partition again when fetched, so a
+        #    rebalance never releases a record early.
+        self.loop._generation += 1
         self.loop.stats.rebalances += 1
-        await self.loop._load_released(assigned)
-        self.loop._reapply_waits(assigned)
+        await self.loop._adopt(assigned)
         log.info("%s: assigned %d partitions of %s", self.loop.label, len(assigned), self.loop.topic)
 
 
@@ -119,7 +129,8 @@ class HopLoop(Service):
         audit_topic: str | None,
         ingress: bool = False,
         priority_topic: str | None = None,
-        clock: Callable[[], int] = now_ms,
+        max_wait_ms: int = 0,
+        clock: GuardedClock | None = None,
         observer: Callable[["HopLoop", Any], None] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -127,29 +138,32 @@ class HopLoop(Service):
         self.name = name
         self.topic = topic
         self.priority_topic = priority_topic
+        self.max_wait_ms = max_wait_ms  # the topic's denomination: no record here waits longer
         self.observer = observer  # metrics: called with every audit event written
         self.group_id = group_id
         self.handler = handler
         self.settings = settings
         self.audit_topic = audit_topic
         self.ingress = ingress
-        self.clock = clock
+        self.clock = clock if clock is not None else GuardedClock()
         self.stats = LoopStats()
         self.exactly_once = settings.processing_guarantee is Guarantee.EXACTLY_ONCE
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
-        self._queues: dict[TopicPartition, deque] = {}
-        self._waits: dict[TopicPartition, int] = {}
+        self._parts: dict[TopicPartition, PartitionState] = {}  # assigned partitions whose commit is loaded
         self._paused: set[TopicPartition] = set()
+        self._refused: dict[tuple[TopicPartition, int], DeadLetter] = {}  # records a target refused, to dead-letter on the redo
+        self._recently_stalled: dict[TopicPartition, float] = {}
         self._batch_lock = asyncio.Lock()
-        self._progress: dict[TopicPartition, float] = {}
-        self._released_before: dict[TopicPartition, set[int]] = {}
+        self._generation = 0
         self.release_ahead = settings.release_ahead
         self._stalled: set[TopicPartition] = set()
         self._exited = asyncio.Event()
         self.running = asyncio.Event()
         # called with the target topics a fetched batch names, before it is decided
         self.before_decide: Callable[[set[str]], Awaitable[None]] | None = None
+        # called with a target a write to which failed in a way that may mean it is gone
+        self.on_target_failed: Callable[[str], None] | None = None
 
     @property
     def label(self) -> str:
@@ -164,10 +178,10 @@ class HopLoop(Service):
     def pending_heads(self) -> dict[TopicPartition, int | None]:
         """For each partition holding fetched records: the ``awakeAt`` it waits for (None: due now)."""
         heads: dict[TopicPartition, int | None] = {}
-        for tp, queue in self._queues.items():
-            waiting = [e.awake_at for e in queue if not e.released]
+        for tp, part in self._parts.items():
+            waiting = [e.awake_at for e in part.queue if not e.released]
             if waiting:
-                heads[tp] = self._waits.get(tp) or min((a for a in waiting if a is not None), default=None)
+                heads[tp] = part.wait_until or min((a for a in waiting if a is not None), default=None)
         return heads
 
     # -- clients -----------------------------------------------------------------------------
@@ -190,7 +204,9 @@ class HopLoop(Service):
             group_id=self.group_id,
             client_id=f"{s.app_id}-{self.name}",
             enable_auto_commit=False,
-            auto_offset_reset="earliest",
+            # never reset silently: no commit → we seek to the beginning; a commit the log no
+            # longer holds → an alarm (see _reset)
+            auto_offset_reset="none",
             isolation_level="read_committed" if self.exactly_once else "read_uncommitted",
             session_timeout_ms=s.session_timeout_ms,
             heartbeat_interval_ms=s.heartbeat_interval_ms,
@@ -203,7 +219,7 @@ class HopLoop(Service):
     async def _close(self) -> None:
         consumer, producer = self._consumer, self._producer
         self._consumer = self._producer = None
-        self._forget(set(self._queues) | set(self._waits) | self._paused)
+        self._forget(set(self._parts))
         for client in (consumer, producer):
             if client is not None:
                 try:
@@ -254,201 +270,288 @@ class HopLoop(Service):
         assert consumer is not None
         while not self.should_stop:
             if self._stalled:
-                stalled, self._stalled = sorted(map(str, self._stalled)), set()
-                raise LoopStalled(f"no progress on {', '.join(stalled)}")
+                await self._recover(self._stalled)
+                self._stalled = set()
             self._apply_pauses()
-            fetched = await consumer.getmany(timeout_ms=self._poll_timeout_ms(), max_records=self.settings.max_batch)
+            generation = self._generation
+            try:
+                fetched = await consumer.getmany(timeout_ms=self._poll_timeout_ms(), max_records=self.settings.max_batch)
+            except (NoOffsetForPartitionError, OffsetOutOfRangeError) as exc:
+                await self._reset(exc)
+                continue
             if fetched and self.before_decide is not None:
                 await self.before_decide(self.handler.targets([r for records in fetched.values() for r in records], now=self.clock()))
-            for tp, records in fetched.items():
-                if tp in consumer.assignment():
-                    skip = self._released_before.get(tp, ())
-                    entries = [_Pending(r, _awake_at(r), released=r.offset in skip) for r in records]
-                    self._queues.setdefault(tp, deque()).extend(entries)
-                    self.stats.consumed += len(records)
-                    if tp in self._waits:  # a newcomer may be due before the record it queues behind
-                        earliest = min(e.awake_at if e.awake_at is not None else 0 for e in entries)
-                        self._waits[tp] = min(self._waits[tp], earliest)
+            if generation != self._generation:
+                continue  # a rebalance happened meanwhile: positions went back to the commits
+            self._take(fetched)
             async with self._batch_lock:
-                outputs, offsets = self._decide()
-                if outputs or offsets:
-                    await self._emit(outputs, offsets)
+                batch, offsets = self._decide()
+                if batch or offsets:
+                    await self._emit_within_limit(batch, offsets)
+
+    def _take(self, fetched: dict[TopicPartition, list[Any]]) -> None:
+        """Queue fetched records; those of a partition not (yet) served are fetched again later."""
+        consumer = self._consumer
+        assert consumer is not None
+        assigned = consumer.assignment()
+        fetched_at = self.clock()
+        for tp, records in fetched.items():
+            part = self._parts.get(tp)
+            if part is None:
+                if tp in assigned and records:  # assigned, commit not loaded yet: come back to these
+                    consumer.seek(tp, records[0].offset)
+                continue
+            part.add(Pending(r.offset, r, self._awake_at(r, fetched_at), record_size(r.key, r.value, r.headers)) for r in records)
+            self.stats.consumed += len(records)
+
+    def _awake_at(self, record: Any, fetched_at: int) -> int | None:
+        """When ``record`` may be looked at: its ``awakeAt``, believed only up to the topic's
+        denomination from now (a record fetched now was written at most that long ago, so a
+        later ``awakeAt`` is forged or from a skewed clock, and the record is re-planned now)."""
+        raw = header_value(record.headers, AWAKE_AT)
+        if raw is None or not raw.isdigit() or len(raw) >= 19:
+            return None  # absent or malformed: the handler decides (and dead-letters the malformed)
+        awake = int(raw)
+        if awake > fetched_at + self.max_wait_ms + AWAKE_SLACK_MS:
+            log.warning("%s: %s/%d/%d has awakeAt %d, beyond its topic's %d ms; re-planned now",
+                        self.label, record.topic, record.partition, record.offset, awake, self.max_wait_ms)
+            return None
+        return awake
 
     def _poll_timeout_ms(self) -> int:
         """Poll no longer than until the earliest wait ends (0 if records are ready now)."""
-        if any(q and tp not in self._waits for tp, q in self._queues.items()):
-            return 0  # records are ready now
-        if not self._waits:
+        now = self.clock()
+        waits = []
+        for part in self._parts.values():
+            if part.ready(now):
+                return 0
+            if part.wait_until is not None:
+                waits.append(part.wait_until)
+        if not waits:
             return POLL_MS
-        return max(0, min(POLL_MS, min(self._waits.values()) - self.clock()))
+        return max(0, min(POLL_MS, min(waits) - now))
 
-    def _decide(self) -> tuple[list[Output], dict[TopicPartition, tuple[int, str]]]:
-        """Release every queued record that is due, in partition order where possible and
-        ahead of a waiting head otherwise; a partition waits until its earliest pending record."""
-        outputs: list[Output] = []
+    def _decide(self) -> tuple[list[tuple[TopicPartition, Pending, list[Output]]], dict[TopicPartition, tuple[int, str]]]:
+        """Release every queued record that is due (see PartitionState.release_due) and say
+        where each partition's commit now stands."""
+        batch: list[tuple[TopicPartition, Pending, list[Output]]] = []
         offsets: dict[TopicPartition, tuple[int, str]] = {}
         # The fast pass: priority-lane partitions release first, so their records are
         # written first; every due record still goes in this same pass (nobody starves).
-        for tp, queue in sorted(self._queues.items(), key=lambda item: item[0].topic != self.priority_topic):
-            now = self.clock()
-            until = self._waits.get(tp)
-            if until is not None and now < until:
-                continue
-            self._waits.pop(tp, None)
-            next_wait: int | None = None
-            blocked = False  # an earlier record of this partition is still pending
-            released_now = False
-            ahead = sum(entry.released for entry in queue)
-            for entry in queue:
-                if entry.released:
-                    continue
-                if blocked and (not self.release_ahead or ahead >= MAX_RELEASED_AHEAD):
-                    break
-                if entry.awake_at is not None and entry.awake_at > now:
-                    step: Any = Wait(entry.awake_at)
-                else:
-                    step = self.handler.handle(entry.record, now=now, ingress=self.ingress)
-                    self._progress[tp] = time.monotonic()
-                if isinstance(step, Wait):
-                    entry.awake_at = step.until_ms
-                    next_wait = step.until_ms if next_wait is None else min(next_wait, step.until_ms)
-                    if not blocked:
-                        self.stats.waits += 1
-                    blocked = True
-                    continue
-                outputs.extend(step)
-                entry.released = released_now = True
-                ahead += blocked
-                now = self.clock()
-            last = None
-            while queue and queue[0].released:
-                last = queue.popleft().record.offset
-            if released_now or last is not None:
-                if queue:
-                    head = queue[0].record.offset
-                    offsets[tp] = (head, encode_released(head, {e.record.offset for e in queue if e.released}))
-                else:
-                    offsets[tp] = (last + 1, "")  # type: ignore[operator]
-            if next_wait is not None:
-                self._waits[tp] = next_wait
-        for tp in [tp for tp, q in self._queues.items() if not q]:
-            del self._queues[tp]
-        return outputs, offsets
+        for tp, part in sorted(self._parts.items(), key=lambda item: item[0].topic != self.priority_topic):
+            was_waiting = part.wait_until is not None
+            done = part.release_due(
+                self.clock(), lambda entry, now, tp=tp: self._handle(tp, entry, now),
+                release_ahead=self.release_ahead, clock=self.clock, now_s=time.monotonic(),
+            )
+            if part.wait_until is not None and not was_waiting:
+                self.stats.waits += 1
+            batch.extend((tp, entry, outputs) for entry, outputs in done)
+            part.pop_released()
+            point = part.commit_point()
+            if point is not None:
+                offsets[tp] = point
+        return batch, offsets
+
+    def _handle(self, tp: TopicPartition, entry: Pending, now: int) -> Any:
+        refused = self._refused.pop((tp, entry.offset), None)
+        if refused is not None:  # its target refused it in an aborted transaction: dead-letter it now
+            return [self.handler.refused(entry.record, refused, now=now)]
+        return self.handler.handle(entry.record, now=now, ingress=self.ingress)
 
     def _apply_pauses(self) -> None:
-        """Pause partitions that wait or hold enough unprocessed records; resume the rest.
-
-        A wait that has ended on a partition with nothing fetched (its records were dropped
-        at a rebalance) ends here, so the partition resumes and fetches its head again.
-        """
+        """Pause partitions that wait or hold enough unprocessed records or bytes; resume the rest."""
         consumer = self._consumer
         assert consumer is not None
         now = self.clock()
-        for tp in [tp for tp, until in self._waits.items() if until <= now and not self._queues.get(tp)]:
-            del self._waits[tp]
-        assigned = consumer.assignment()
         backlog = 2 * self.settings.max_batch
+        byte_budget = self.settings.max_queued_bytes // max(1, len(self._parts))
         want = {
-            tp for tp in assigned
-            if (tp in self._waits and not self.release_ahead) or len(self._queues.get(tp, ())) >= backlog
+            tp for tp, part in self._parts.items()
+            if (part.waiting(now) and not self.release_ahead) or len(part.queue) >= backlog or part.queued_bytes >= byte_budget
         }
+        assigned = consumer.assignment()
         pause, resume = want - self._paused, (self._paused - want) & assigned
         if pause:
             consumer.pause(*pause)
         if resume:
             consumer.resume(*resume)
-        self._paused = want
+        self._paused = want & assigned
 
     def _forget(self, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
-            self._queues.pop(tp, None)
+            self._parts.pop(tp, None)
             self._paused.discard(tp)
-            self._progress.pop(tp, None)
-            self._released_before.pop(tp, None)
+        self._refused = {key: v for key, v in self._refused.items() if key[0] not in partitions}
 
-    async def _load_released(self, assigned: set[TopicPartition]) -> None:
-        """Read which offsets beyond each committed position were already released.
+    async def _adopt(self, assigned: set[TopicPartition]) -> None:
+        """Start serving newly assigned partitions from their commit (offset and the offsets
+        its metadata says were released ahead).
 
-        aiokafka's public ``committed()`` drops the metadata, so this asks its coordinator;
-        if that ever fails, records released ahead are released again (at-least-once)."""
+        aiokafka's public ``committed()`` drops the metadata, so this asks its coordinator; if
+        that ever fails, records released ahead are released again (at-least-once)."""
         if not assigned or self._consumer is None:
             return
+        started = time.monotonic()
+        committed: dict[TopicPartition, Any] = {}
         try:
             committed = await self._consumer._coordinator.fetch_committed_offsets(set(assigned))
         except Exception as exc:  # the fallback is safe: at-least-once, never a loss
             log.warning("%s: could not read commit metadata (%s); records released ahead may repeat", self.label, exc)
-            return
-        for tp, meta in committed.items():
-            if meta is not None and getattr(meta, "metadata", None):
-                self._released_before[tp] = decode_released(meta.offset, meta.metadata)
+        for tp in assigned:
+            meta = committed.get(tp)
+            offset = meta.offset if meta is not None and meta.offset >= 0 else None
+            self._parts[tp] = PartitionState(offset, getattr(meta, "metadata", None) or "", now_s=started)
+        self._paused -= assigned  # aiokafka assigns partitions un-paused
 
-    def _reapply_waits(self, assigned: set[TopicPartition]) -> None:
-        started = time.monotonic()
-        self._progress = {tp: started for tp in assigned}
-        now = self.clock()
-        self._waits = {tp: until for tp, until in self._waits.items() if tp in assigned and until > now}
-        self._paused = set()
-        if self._consumer is not None:
-            self._apply_pauses()
+    async def _reset(self, error: Exception) -> None:
+        """A partition without a usable position: start it at the beginning, and sound the alarm
+        when its commit points at records the log no longer has (deleted unforwarded)."""
+        consumer = self._consumer
+        assert consumer is not None
+        if isinstance(error, OffsetOutOfRangeError):
+            wanted: dict[TopicPartition, int] = error.args[0] if error.args and isinstance(error.args[0], dict) else {}
+            starts = await consumer.beginning_offsets(list(wanted))
+            for tp, offset in wanted.items():
+                lost = max(0, starts.get(tp, offset) - offset)
+                self.stats.skipped_by_retention += lost
+                log.error(
+                    "%s: ALARM %s: committed position %d is no longer in the log (it starts at %s): %d records were "
+                    "deleted by retention before they were forwarded; check the retention of %s and the consumer lag",
+                    self.label, tp, offset, starts.get(tp), lost, tp.topic,
+                )
+            partitions = list(wanted)
+        else:
+            partitions = [tp for tp in error.args if isinstance(tp, TopicPartition)]
+        if partitions:
+            await consumer.seek_to_beginning(*partitions)
+            for tp in partitions:
+                if tp in self._parts:
+                    self._parts[tp] = PartitionState(None, now_s=time.monotonic())
 
     # -- liveness ---------------------------------------------------------------------------------
 
     @Service.timer(1.0)
     async def _watchdog(self) -> None:
-        """Report and recover partitions that hold due records but make no progress.
-
-        A partition waiting for a head that is not due is healthy. Otherwise, if it has
-        records beyond its position (end offset or fetched highwater) or queued, and nothing
-        was processed for ``liveness_threshold``, it is stalled: logged, counted, and the loop
-        reopens from its committed offsets.
-        """
+        """Find partitions that should make progress and do not (see :meth:`_stuck`)."""
         consumer = self._consumer
         if consumer is None or not self.running.is_set():
             return
         threshold_s = self.settings.liveness_threshold / 1000
         now_s, now = time.monotonic(), self.clock()
-        suspects = [
-            tp for tp in consumer.assignment()
-            if now_s - self._progress.get(tp, now_s) > threshold_s and not self._waits.get(tp, 0) > now
-        ]
-        if not suspects:
-            return
-        try:
-            ends = await consumer.end_offsets(suspects)
-            positions = {tp: await consumer.position(tp) for tp in suspects}
-        except (KafkaError, AssertionError):
-            return  # mid-rebalance or broker hiccup: look again next second
-        for tp in suspects:
-            end = max(ends.get(tp) or 0, consumer.highwater(tp) or 0)
-            if self._queues.get(tp) or end > positions[tp]:
+        paused_by_consumer = consumer.paused()
+        for tp, part in list(self._parts.items()):
+            if now_s - part.progress_s <= threshold_s or part.waiting(now):
+                continue
+            why = self._stuck(tp, part, now, paused_by_consumer)
+            if why:
                 self.stats.stalls += 1
                 self._stalled.add(tp)
-                log.warning(
-                    "%s: partition %s holds due records but made no progress for %.0f s (position %s, end %s); recovering",
-                    self.label, tp, now_s - self._progress[tp], positions[tp], end,
-                )
-                self._progress[tp] = now_s
+                part.progress_s = now_s
+                log.warning("%s: partition %s made no progress for %.0f s: %s; recovering", self.label, tp, threshold_s, why)
+
+    def _stuck(self, tp: TopicPartition, part: PartitionState, now: int, paused_by_consumer: set[TopicPartition]) -> str | None:
+        """Why ``tp`` should have made progress, or None when it is idle for a good reason.
+
+        Only what this loop knows for certain counts: a due record it holds and did not
+        handle, a pause nobody asked for, or a fetch response saying that records exist
+        beyond what was fetched while nothing arrives. Under read_committed the end is the
+        last stable offset, so another producer's open transaction is not a stall, and no
+        ListOffsets answer is used (the embedded broker's are wrong).
+        """
+        due = [e for e in part.queue if not e.released and (e.awake_at is None or e.awake_at <= now)]
+        if due:
+            return f"holds {len(due)} due records it did not handle"
+        if tp in paused_by_consumer and tp not in self._paused:
+            return "paused although nothing waits"
+        if tp in paused_by_consumer or part.queue:
+            return None
+        consumer = self._consumer
+        assert consumer is not None
+        end = consumer.last_stable_offset(tp) if self.exactly_once else consumer.highwater(tp)
+        position = part.next_offset
+        if end is not None and position is not None and end > position:
+            return f"the broker reports records up to {end} but none beyond {position} arrive"
+        return None
+
+    async def _recover(self, stalled: set[TopicPartition]) -> None:
+        """Rewind each stalled partition to its commit (a seek: no rebalance); a partition that
+        stalls again soon after reopens the whole loop."""
+        now_s = time.monotonic()
+        again = {tp for tp in stalled if now_s - self._recently_stalled.get(tp, -1e9) < 3 * self.settings.liveness_threshold / 1000}
+        if again:
+            raise LoopStalled(f"no progress on {', '.join(sorted(map(str, again)))} even after a rewind")
+        for tp in stalled:
+            self._recently_stalled[tp] = now_s
+        await self._rewind(stalled)
+
+    async def _rewind(self, partitions: set[TopicPartition] | list[TopicPartition]) -> None:
+        """Drop what was fetched for ``partitions`` and fetch again from their last commit."""
+        consumer = self._consumer
+        assert consumer is not None
+        assigned = consumer.assignment()
+        for tp in partitions:
+            part = self._parts.get(tp)
+            if part is None or tp not in assigned:
+                continue
+            self.stats.rewinds += 1
+            position = part.rewind()
+            if position is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, position)
+            part.progress_s = time.monotonic()
+            consumer.resume(tp)
+            self._paused.discard(tp)
 
     # -- producing and committing ----------------------------------------------------------------
 
-    async def _emit(self, outputs: list[Output], offsets: dict[TopicPartition, tuple[int, str]]) -> None:
-        """Write ``outputs`` and their audit events, then commit ``offsets`` (forward, then commit)."""
+    async def _emit_within_limit(self, batch: list[tuple[TopicPartition, Pending, list[Output]]], offsets: dict[TopicPartition, tuple[int, str]]) -> None:
+        """Write a batch and commit, within ``emit_timeout``: a write that hangs reopens the loop."""
+        try:
+            await asyncio.wait_for(self._emit(batch, offsets), timeout=self.settings.emit_timeout / 1000)
+        except asyncio.TimeoutError:
+            raise EmitTimeout(f"writing {len(batch)} records and committing took over {self.settings.emit_timeout} ms") from None
+
+    async def _emit(self, batch: list[tuple[TopicPartition, Pending, list[Output]]], offsets: dict[TopicPartition, tuple[int, str]]) -> None:
+        """Write the outputs and their audit events, then commit ``offsets`` (forward, then commit).
+
+        A write refused for good (record too large, not authorised...) is dead-lettered: at
+        once under at_least_once; under exactly_once the transaction is aborted, the batch's
+        partitions are rewound, and the redo dead-letters that record. Any other failure
+        rewinds the batch's partitions (at_least_once: what was written is written again).
+        """
         producer, consumer = self._producer, self._consumer
         assert producer is not None and consumer is not None
-        commit = {tp: offset for tp, offset in offsets.items()}
-        if self.exactly_once:
-            async with producer.transaction():
-                await self._send_all(outputs)
-                await producer.send_offsets_to_transaction(commit, self.group_id)
-        else:
-            await self._send_all(outputs)
-            try:
-                await consumer.commit(commit)
-            except CommitFailedError:
-                # The group rebalanced mid-batch: the records were forwarded, the new owner
-                # will forward them again (at-least-once; consumers de-duplicate by recordId).
-                log.warning("%s: commit failed after a rebalance; records may be forwarded twice", self.label)
-                return
+        try:
+            if self.exactly_once:
+                async with producer.transaction():
+                    await self._send_all(batch)
+                    await producer.send_offsets_to_transaction(offsets, self.group_id)
+            else:
+                await self._send_all(batch)
+                try:
+                    await consumer.commit(offsets)
+                except CommitFailedError:
+                    # The group rebalanced mid-batch: the records were forwarded, the new owner
+                    # will forward them again (at-least-once; consumers de-duplicate by recordId).
+                    log.warning("%s: commit failed after a rebalance; records may be forwarded twice", self.label)
+                    return
+        except RecordRefused as refused:
+            self._refused[(refused.tp, refused.offset)] = refused.verdict
+            await self._rewind({tp for tp, _, _ in batch} | set(offsets))
+            return
+        except KafkaError as exc:
+            if not getattr(exc, "retriable", False) and not isinstance(exc, _TRANSIENT):
+                raise
+            log.warning("%s: writing a batch failed (%s: %s); rewinding its partitions", self.label, type(exc).__name__, exc)
+            await self._rewind({tp for tp, _, _ in batch} | set(offsets))
+            await asyncio.sleep(0.2)
+            return
+        for tp, (offset, metadata) in offsets.items():
+            part = self._parts.get(tp)
+            if part is not None:
+                part.committed_to(offset, metadata)
         self.stats.commits += 1
         self.stats.last_progress_ms = self.clock()
 
@@ -469,13 +572,17 @@ class HopLoop(Service):
             failed.set_exception(exc)
             return failed
 
-    async def _send_all(self, outputs: list[Output]) -> None:
-        futures = [await self._send(o.topic, o.value, o.key, o.headers) for o in outputs]
+    async def _send_all(self, batch: list[tuple[TopicPartition, Pending, list[Output]]]) -> None:
+        flat = [(tp, entry, output) for tp, entry, outputs in batch for output in outputs]
+        futures = [await self._send(o.topic, o.value, o.key, o.headers) for _, _, o in flat]
         results = await asyncio.gather(*futures, return_exceptions=True)
+        acked_at = monotonic_ms()
         audits = []
-        for output, result in zip(outputs, results):
+        for (tp, entry, output), result in zip(flat, results):
             if isinstance(result, BaseException):
-                result = await self._send_undeliverable(output, result)
+                result = await self._send_undeliverable(tp, entry, output, result)
+            elif result is not None and result.timestamp_type == 1:  # LogAppendTime: the broker's clock
+                self.clock.observe(result.timestamp, acked_at)
             self._count(output)
             if self.audit_topic and output.audit is not None:
                 where = (None, None, None) if result is None else (result.topic, result.partition, result.offset)
@@ -484,21 +591,25 @@ class HopLoop(Service):
         if audits:
             await asyncio.gather(*audits)
 
-    async def _send_undeliverable(self, output: Output, error: BaseException) -> Any:
+    async def _send_undeliverable(self, tp: TopicPartition, entry: Pending, output: Output, error: BaseException) -> Any:
         """A write the broker refuses for good goes to the dead letters (without its value if
-        even that is refused); anything that may succeed later is raised, so the batch is
-        retried from the committed offsets."""
-        if not _final(error) or output.topic == self.handler.layout.dead_letter:
+        even that is refused), pointing at the consumed record; anything that may succeed
+        later is raised, so the batch is retried."""
+        if not refused_for_good(error) or output.topic == self.handler.layout.dead_letter:
+            if output.topic is not None and self.on_target_failed is not None:
+                self.on_target_failed(output.topic)  # perhaps gone: the next pass checks it again
             raise error
         log.warning("%s: %s refused a record (%s); dead-lettering it", self.label, output.topic, type(error).__name__)
         verdict = DeadLetter(Reason.UNDELIVERABLE, f"writing to {output.topic} failed: {type(error).__name__}")
-        source = _Source(output.topic, output.key, output.value, output.headers)
+        if self.exactly_once:
+            # the transaction is now abortable: nothing more can be written in it
+            raise RecordRefused(tp, entry.offset, verdict)
         for drop_value in (False, True):
-            dead = self.handler.dead_letter(source, verdict, now=self.clock(), state=None, drop_value=drop_value)
+            dead = self.handler.refused(entry.record, verdict, now=self.clock(), drop_value=drop_value)
             try:
                 return await (await self._send(dead.topic, dead.value, dead.key, dead.headers))
             except KafkaError as exc:
-                if drop_value or not _final(exc):
+                if drop_value or not refused_for_good(exc):
                     raise
         raise AssertionError("unreachable")
 
@@ -524,26 +635,40 @@ class HopLoop(Service):
 
 
 class LoopStalled(Exception):
-    """A partition made no progress while holding due records; the loop reopens."""
+    """A partition made no progress while it should have, even after a rewind; the loop reopens."""
 
     retriable = True
 
 
-def _final(error: BaseException) -> bool:
-    """True for a write error that retrying cannot fix (too large, not authorised, no such topic)."""
-    if isinstance(error, UnknownTopicOrPartitionError):
-        return True  # raised only after waiting request_timeout_ms for the topic to appear
-    return isinstance(error, KafkaError) and not getattr(error, "retriable", False)
+class EmitTimeout(Exception):
+    """Writing a batch and committing took longer than ``emit_timeout``; the loop reopens."""
+
+    retriable = True
 
 
-@dataclass
-class _Source:
-    """Stand-in for a consumed record when an output itself must be dead-lettered."""
+class RecordRefused(Exception):
+    """Under exactly_once, a target refused a record for good: the transaction is aborted and
+    the record dead-lettered when its partition is processed again."""
 
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: list
-    partition: int = -1
-    offset: int = -1
-    timestamp: int = 0
+    retriable = True
+
+    def __init__(self, tp: TopicPartition, offset: int, verdict: DeadLetter) -> None:
+        super().__init__(f"{tp}@{offset}: {verdict.detail}")
+        self.tp, self.offset, self.verdict = tp, offset, verdict
+
+
+# Refusals of this record, whoever retries: too large, malformed, not allowed to write there.
+_REFUSED_FOR_GOOD = (
+    MessageSizeTooLargeError, RecordListTooLargeError, CorruptRecordException, InvalidTopicError, TopicAuthorizationFailedError,
+    PolicyViolationError,
+)
+# Errors without aiokafka's retriable flag that are still worth a retry (a timeout, a topic the
+# client has no metadata for yet); anything else unflagged is a bug and reopens the loop.
+_TRANSIENT = (KafkaTimeoutError, UnknownTopicOrPartitionError)
+
+
+def refused_for_good(error: BaseException) -> bool:
+    """True for a write error about this record that no retry can fix (dead-letter it); False
+    for everything else (timeouts, a leader moving, a topic whose metadata is missing for now),
+    which is retried."""
+    return isinstance(error, _REFUSED_FOR_GOOD)

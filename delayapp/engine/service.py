@@ -20,6 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from mode import Service
 
 from delayapp.compat.loops import compat_loops
+from delayapp.core.clock import GuardedClock, monotonic_ms
 from delayapp.core.planner import Planner
 from delayapp.core.policies import Policy
 from delayapp.core.throttle import DeliverySlots
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 TOPIC_REFRESH_S = 1.0
 LAG_SAMPLE_S = 5.0
+CLOCK_PROBE_S = 2.0  # well inside GuardedClock's sample window
+SKEW_WARNING_MS = 1_000
 
 
 def build_policy(settings: Settings, layout: TopicLayout) -> Policy:
@@ -79,6 +82,10 @@ class KnownTopics:
         finally:
             await admin.close()
 
+    def forget(self, name: str) -> None:
+        """A write to ``name`` failed as if it were gone: ask the cluster again before trusting it."""
+        self.names.discard(name)
+
     async def ensure(self, targets: Iterable[str]) -> None:
         """Refresh if a target topic is unknown and was not checked this second."""
         now = time.monotonic()
@@ -120,6 +127,8 @@ class DelayEngine(Service):
             priority_lane=settings.priority_lane,
         )
         self.metrics = EngineMetrics()
+        self.clock = GuardedClock()  # every loop's "now": never ahead of the broker's clock
+        self._clock_producer: AIOKafkaProducer | None = None
         self.loops: list[HopLoop] = []
         self.lag: dict[str, int] = {}  # topic -> records not yet processed, cluster-wide
         self._producer: AIOKafkaProducer | None = None
@@ -137,19 +146,25 @@ class DelayEngine(Service):
                 "head may be released again after a rebalance or restart (at-least-once; de-duplicate by recordId)"
             )
         await self.known_topics.refresh()
+        await self._probe_clock()
+        if self.clock.measured:
+            log.info("broker clock: measured (worker clock %+d ms against the broker's); due times are guarded by both", self.clock.skew_ms())
+        else:
+            log.warning("broker clock: NOT measured (the broker does not stamp LogAppendTime on %s); due times use this worker's clock alone", self.layout.clock)
         # Loops start only once every cancellation already written is known.
         await self.add_runtime_dependency(self.cancellations)
         await asyncio.wait_for(self.cancellations.caught_up.wait(), timeout=120)
         audit = self.layout.audit if s.audit_enabled else None
         common = dict(
-            handler=self.handler, settings=s, audit_topic=audit, observer=self.metrics.observe, loop=self.loop, beacon=self.beacon,
+            handler=self.handler, settings=s, audit_topic=audit, observer=self.metrics.observe, clock=self.clock,
+            loop=self.loop, beacon=self.beacon,
         )
         router = HopLoop(name="router", topic=self.layout.ingress, group_id=f"{s.app_id}.router", ingress=True, **common)
         self.loops = [router] + [
             HopLoop(
                 name=f"delay-{self.settings.ladder.label(d)}", topic=topic,
                 priority_topic=self.layout.priority_topics[d] if s.priority_lane else None,
-                group_id=f"{s.app_id}.{topic.removeprefix(s.topic_prefix + '.')}", **common,
+                group_id=f"{s.app_id}.{topic.removeprefix(s.topic_prefix + '.')}", max_wait_ms=d, **common,
             )
             for d, topic in self.layout.delay_topics.items()
         ]
@@ -157,6 +172,7 @@ class DelayEngine(Service):
         for hop_loop in self.loops:
             # every loop can deliver: each re-checks that targets exist (shared, cached list)
             hop_loop.before_decide = self.known_topics.ensure if s.check_target_exists else None
+            hop_loop.on_target_failed = self.known_topics.forget
             await self.add_runtime_dependency(hop_loop)
         log.info(
             "delay engine started: ladder %s, guarantee %s, topics %s",
@@ -165,8 +181,36 @@ class DelayEngine(Service):
 
     async def on_stop(self) -> None:
         await self._lag_sampler.close()
-        if self._producer is not None:
-            await self._producer.stop()
+        for producer in (self._producer, self._clock_producer):
+            if producer is not None:
+                await producer.stop()
+
+    @Service.timer(CLOCK_PROBE_S)
+    async def _probe_clock_often(self) -> None:
+        """Keep the broker-clock lower bound fresh, and say when the clocks disagree."""
+        if not self.loops:
+            return
+        try:
+            await self._probe_clock()
+        except Exception as exc:  # a missed probe only ages the bound; the wall clock still guards
+            log.debug("clock probe failed: %s", exc)
+            return
+        skew = self.clock.skew_ms()
+        if skew is not None and abs(skew) > SKEW_WARNING_MS:
+            log.warning(
+                "this worker's clock is %d ms %s the broker's: %s", abs(skew), "ahead of" if skew > 0 else "behind",
+                "due times follow the broker's clock (never early)" if skew > 0 else "records are released late by as much; check NTP",
+            )
+
+    async def _probe_clock(self) -> None:
+        """Write one record to the clock topic; its broker stamp bounds the broker's clock from below."""
+        if self._clock_producer is None:
+            producer = AIOKafkaProducer(**self.settings.kafka_client_kwargs(), acks=1, client_id=f"{self.settings.app_id}-clock")
+            await producer.start()
+            self._clock_producer = producer
+        sent = await self._clock_producer.send_and_wait(self.layout.clock, b"", key=self.settings.worker_instance_id.encode())
+        if sent.timestamp_type == 1:  # LogAppendTime: stamped by the broker
+            self.clock.observe(sent.timestamp, monotonic_ms())
 
     async def wait_running(self, timeout: float = 60.0) -> None:
         """Wait until every loop has joined its group and is consuming."""

@@ -76,6 +76,11 @@ class TopicLayout:
         return {d: self.delay_topic(d, priority=True) for d in self.ladder.denominations}
 
     @property
+    def clock(self) -> str:
+        """Compacted, broker-stamped (LogAppendTime): each worker's clock probe, key = its instance id."""
+        return f"{self.prefix}.clock"
+
+    @property
     def bulk_scheduled(self) -> str:
         """Compacted, written by the Spark bulk-schedule job: one marker per recordId it scheduled."""
         return f"{self.prefix}.bulk.scheduled"
@@ -83,7 +88,7 @@ class TopicLayout:
     @property
     def compacted_topics(self) -> list[str]:
         """The topics that hold one latest value per key."""
-        return [self.cancellations, self.dead_letter_replayed]
+        return [self.cancellations, self.dead_letter_replayed, self.clock]
 
     @property
     def all_topics(self) -> list[str]:
@@ -103,6 +108,7 @@ class TopicSpec:
     dwell_ms: int
     retention_ms: int
     compacted: bool = False
+    broker_time: bool = False  # message.timestamp.type=LogAppendTime: record timestamps are the broker's clock
 
     def required_retention_ms(self, margin_ms: int) -> int:
         """Retention below this risks deleting records before they are processed."""
@@ -123,7 +129,7 @@ def topic_specs(layout: TopicLayout, *, partitions: int, margin_ms: int, dead_le
         spec(layout.dead_letter, dead_letter_retention_ms - margin_ms, dead_letter_retention_ms),
         spec(layout.audit, 0),
         # compacted: retention does not apply (the latest value per key is kept for ever)
-        *(TopicSpec(name, partitions, 0, -1, compacted=True) for name in layout.compacted_topics),
+        *(TopicSpec(name, partitions, 0, -1, compacted=True, broker_time=name == layout.clock) for name in layout.compacted_topics),
     ]
 
 
@@ -145,9 +151,10 @@ def retention_problems(specs: list[TopicSpec], actual_retention_ms: dict[str, in
 
 
 def _topic_configs(spec: TopicSpec) -> dict[str, str]:
-    if spec.compacted:
-        return {"cleanup.policy": "compact"}
-    return {"retention.ms": str(spec.retention_ms), "cleanup.policy": "delete"}
+    configs = {"cleanup.policy": "compact"} if spec.compacted else {"retention.ms": str(spec.retention_ms), "cleanup.policy": "delete"}
+    if spec.broker_time:
+        configs["message.timestamp.type"] = "LogAppendTime"
+    return configs
 
 
 async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec], *, create: bool, replication_factor: int, margin_ms: int) -> list[str]:

@@ -35,11 +35,11 @@ def test_topic_layout_names_and_retention_checks() -> None:
     layout = TopicLayout("dx", Ladder.parse("1s,1h"))
     assert layout.all_topics == [
         "dx.ingress", "dx.delay.1s", "dx.delay.1h", "dx.delay.1s.priority", "dx.delay.1h.priority",
-        "dx.dlq", "dx.audit", "dx.cancel", "dx.dlq.replayed",
+        "dx.dlq", "dx.audit", "dx.cancel", "dx.dlq.replayed", "dx.clock",
     ]
     specs = topic_specs(layout, partitions=3, margin_ms=60_000, dead_letter_retention_ms=86_400_000)
     assert all(s.retention_ms >= s.required_retention_ms(60_000) for s in specs if not s.compacted)
-    assert {s.name for s in specs if s.compacted} == {"dx.cancel", "dx.dlq.replayed"}
+    assert {s.name for s in specs if s.compacted} == {"dx.cancel", "dx.dlq.replayed", "dx.clock"}
     problems = retention_problems(specs, {"dx.delay.1h": 3_600_000, "dx.delay.1s": -1}, 60_000)
     assert len(problems) == 1 and "dx.delay.1h" in problems[0] and "3660000" in problems[0]
 

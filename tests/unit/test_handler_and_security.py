@@ -84,3 +84,21 @@ def test_every_kafka_client_in_the_app_gets_the_security_settings() -> None:
     assert len(calls) >= 5
     for name, line, spread in calls:
         assert any("kafka_client_kwargs" in s or "_admin_kwargs" in s or s in ("common", "kafka") for s in spread), f"{name}:{line} misses the security settings"
+
+
+def test_only_refusals_of_the_record_itself_are_dead_lettered() -> None:
+    """Finding 1: a timeout or a topic missing from the client's metadata is retried, never dead-lettered."""
+    from aiokafka.errors import (
+        KafkaTimeoutError, MessageSizeTooLargeError, NotLeaderForPartitionError, PolicyViolationError,
+        TopicAuthorizationFailedError, UnknownTopicOrPartitionError,
+    )
+
+    from delayapp.engine.loop import refused_for_good
+
+    assert not refused_for_good(KafkaTimeoutError())
+    assert not refused_for_good(UnknownTopicOrPartitionError())
+    assert not refused_for_good(NotLeaderForPartitionError())
+    assert not refused_for_good(RuntimeError("a bug is not a verdict on the record"))
+    assert refused_for_good(MessageSizeTooLargeError())
+    assert refused_for_good(TopicAuthorizationFailedError())
+    assert refused_for_good(PolicyViolationError())

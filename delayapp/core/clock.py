@@ -1,0 +1,88 @@
+"""The clocks a due time is compared with: the worker's own and the broker's, never early by either.
+
+A worker whose clock runs ahead would release records early by everyone else's clock. The
+broker's clock is the one every worker shares, and Kafka reveals it: a record written to a
+topic with ``message.timestamp.type=LogAppendTime`` is stamped by the broker, and the produce
+acknowledgement carries that stamp. When the acknowledgement arrives the broker's clock reads
+at least that stamp, so ``stamp + time elapsed since (monotonic)`` is a lower bound of the
+broker's time that no jump of the worker's wall clock can move.
+
+:class:`GuardedClock` answers the earlier of the worker's wall clock and that lower bound, so a
+record is released only once it is due by both. Without a recent sample (a broker that ignores
+``LogAppendTime``, like the embedded one) it answers the wall clock alone and says so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable
+
+
+def wall_ms() -> int:
+    """The worker's wall clock: epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+def monotonic_ms() -> float:
+    """A clock that never jumps, for measuring elapsed time."""
+    return time.monotonic() * 1000.0
+
+
+SAMPLE_WINDOW_MS = 30_000  # older samples are dropped: the two clocks' rates may differ slightly
+
+
+class GuardedClock:
+    """Now, by the later-running of two clocks: the wall clock and the broker's (a lower bound)."""
+
+    def __init__(
+        self,
+        wall: Callable[[], int] = wall_ms,
+        monotonic: Callable[[], float] = monotonic_ms,
+        window_ms: int = SAMPLE_WINDOW_MS,
+    ) -> None:
+        self._wall = wall
+        self._monotonic = monotonic
+        self._window_ms = window_ms
+        # (monotonic ms of the sample, broker ms at that moment at least); newest last
+        self._samples: deque[tuple[float, int]] = deque()
+        self._best: tuple[float, int] | None = None
+
+    def observe(self, broker_ms: int | None, acked_at_monotonic_ms: float | None = None) -> None:
+        """Learn that the broker's clock read at least ``broker_ms`` at ``acked_at_monotonic_ms``
+        (default: now); a LogAppendTime stamp seen in a produce acknowledgement."""
+        if broker_ms is None or broker_ms <= 0:
+            return
+        at = self._monotonic() if acked_at_monotonic_ms is None else acked_at_monotonic_ms
+        self._samples.append((at, broker_ms))
+        if self._best is None or broker_ms - at > self._best[1] - self._best[0]:
+            self._best = (at, broker_ms)
+
+    def broker_lower_bound(self) -> int | None:
+        """The broker's time now, at least (None without a sample in the window)."""
+        mono = self._monotonic()
+        horizon = mono - self._window_ms
+        if self._samples and self._samples[0][0] < horizon:
+            while self._samples and self._samples[0][0] < horizon:
+                self._samples.popleft()
+            self._best = max(self._samples, key=lambda s: s[1] - s[0], default=None)
+        if self._best is None:
+            return None
+        at, broker_ms = self._best
+        return int(broker_ms + (mono - at))
+
+    def skew_ms(self) -> int | None:
+        """How far the wall clock runs ahead of the broker's, at most (negative: behind), or None."""
+        broker = self.broker_lower_bound()
+        return None if broker is None else self._wall() - broker
+
+    @property
+    def measured(self) -> bool:
+        """True when a recent broker sample guards the wall clock."""
+        return self.broker_lower_bound() is not None
+
+    def __call__(self) -> int:
+        """Epoch ms that is not ahead of the wall clock nor of the broker's clock."""
+        wall = self._wall()
+        broker = self.broker_lower_bound()
+        return wall if broker is None else min(wall, broker)

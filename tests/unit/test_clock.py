@@ -1,0 +1,71 @@
+"""The guarded clock with fixed clocks: never ahead of the wall clock nor of the broker's."""
+
+from __future__ import annotations
+
+from delayapp.core.clock import GuardedClock
+
+BROKER = 1_800_000_000_000
+
+
+class Clocks:
+    """A wall clock that can be set anywhere and a monotonic clock that only moves forward."""
+
+    def __init__(self, wall: int) -> None:
+        self.wall, self.mono = wall, 1_000.0
+
+    def advance(self, ms: int) -> None:
+        self.wall += ms
+        self.mono += ms
+
+
+def guarded(clocks: Clocks, **kwargs: int) -> GuardedClock:
+    return GuardedClock(wall=lambda: clocks.wall, monotonic=lambda: clocks.mono, **kwargs)
+
+
+def test_without_a_broker_sample_the_wall_clock_alone_answers() -> None:
+    clocks = Clocks(BROKER)
+    clock = guarded(clocks)
+    assert clock() == BROKER and not clock.measured and clock.skew_ms() is None
+
+
+def test_a_wall_clock_five_seconds_ahead_is_held_to_the_broker() -> None:
+    clocks = Clocks(BROKER + 5_000)
+    clock = guarded(clocks)
+    clock.observe(BROKER)  # a LogAppendTime stamp acknowledged now
+    assert clock() == BROKER and clock.skew_ms() == 5_000
+    clocks.advance(1_234)
+    assert clock() == BROKER + 1_234  # the broker's clock, extrapolated with the monotonic clock
+
+
+def test_a_wall_clock_behind_the_broker_is_used_as_it_is() -> None:
+    clocks = Clocks(BROKER - 2_000)
+    clock = guarded(clocks)
+    clock.observe(BROKER)
+    assert clock() == BROKER - 2_000 and clock.skew_ms() == -2_000
+
+
+def test_a_forward_jump_of_the_wall_clock_does_not_move_the_guarded_clock() -> None:
+    clocks = Clocks(BROKER)
+    clock = guarded(clocks)
+    clock.observe(BROKER)
+    clocks.wall += 60_000  # NTP step or an operator's mistake
+    clocks.advance(10)
+    assert clock() == BROKER + 10
+
+
+def test_the_tightest_recent_sample_wins_and_old_ones_expire() -> None:
+    clocks = Clocks(BROKER + 5_000)
+    clock = guarded(clocks, window_ms=1_000)
+    clock.observe(BROKER - 50)  # a slower acknowledgement: a looser bound
+    clock.observe(BROKER)
+    assert clock() == BROKER
+    clocks.advance(2_000)  # both samples leave the window
+    assert not clock.measured and clock() == clocks.wall
+
+
+def test_samples_without_a_stamp_are_ignored() -> None:
+    clocks = Clocks(BROKER)
+    clock = guarded(clocks)
+    clock.observe(None)
+    clock.observe(-1)
+    assert not clock.measured
