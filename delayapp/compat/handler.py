@@ -35,7 +35,7 @@ class TranslatedRecord:
 
 
 class TranslatingHandler:
-    """Same interface as :class:`RecordHandler` (``handle``, ``dead_letter``, ``layout``)."""
+    """Same interface as :class:`RecordHandler` (``handle``, ``refused``, ``dead_letter``, ``targets``, ``layout``)."""
 
     def __init__(self, inner: RecordHandler, translate: Translate) -> None:
         self.inner = inner
@@ -54,7 +54,7 @@ class TranslatingHandler:
         translated = (self.translated(record, now) for record in records)
         return self.inner.targets([t for t in translated if not isinstance(t, DeadLetter)], now=now)
 
-    def handle(self, record: Any, *, now: int, ingress: bool = True) -> Wait | list[Output]:
+    def handle(self, record: Any, *, now: int, ingress: bool = True, max_wait_ms: int = 0) -> Wait | list[Output]:
         """Translate ``record`` and admit it as the router does (``ingress`` is always true here)."""
         translated = self.translated(record, now)
         if isinstance(translated, DeadLetter):
@@ -65,8 +65,12 @@ class TranslatingHandler:
         return [self._with_original(out, record, translated) if out.topic == self.layout.dead_letter else out for out in step]
 
     def dead_letter(self, record: Any, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None, drop_value: bool = False) -> Output:
-        """As :meth:`RecordHandler.dead_letter` (the loop calls it for refused writes)."""
+        """As :meth:`RecordHandler.dead_letter`."""
         return self.inner.dead_letter(record, verdict, now=now, state=state, drop_value=drop_value)
+
+    def refused(self, record: Any, verdict: DeadLetter, *, now: int, drop_value: bool = False) -> Output:
+        """As :meth:`RecordHandler.refused`: the source record, whose translation a target refused."""
+        return self.inner.dead_letter(record, verdict, now=now, state=None, drop_value=drop_value)
 
     @staticmethod
     def _with_original(dead: Output, record: Any, translated: TranslatedRecord) -> Output:

@@ -24,6 +24,20 @@ from typing import Any, Callable, Iterable, Protocol
 from delayapp.core.released import decode_released, encode_released
 
 MAX_RELEASED_AHEAD = 300  # per partition; keeps the commit metadata far below Kafka's 4 KB
+AWAKE_SLACK_MS = 1_000  # how far beyond its denomination an awakeAt may lie (writers' clocks differ a little)
+
+
+def credible_awake_at(awake_at: int | None, now: int, max_wait_ms: int) -> int | None:
+    """``awake_at`` if a record read at ``now`` from a topic whose records wait at most
+    ``max_wait_ms`` can really carry it, else None (re-plan it now).
+
+    A record read now was written at most now, with an ``awakeAt`` at most one denomination
+    later; anything beyond is forged or comes from a skewed clock, and believing it would hold
+    the record, and the partition behind it, that long.
+    """
+    if awake_at is not None and awake_at > now + max_wait_ms + AWAKE_SLACK_MS:
+        return None
+    return awake_at
 
 
 class Waiting(Protocol):

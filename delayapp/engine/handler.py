@@ -15,6 +15,7 @@ import orjson
 
 from delayapp.core import headers as h
 from delayapp.core.cancel import CancelRequest, applies_to
+from delayapp.core.partition import credible_awake_at
 from delayapp.core.planner import Planner
 from delayapp.core.policies import DeadLetter, Deliver, Enqueue, Policy, Reason, Wait, admit, route, stable_record_id
 from delayapp.core.throttle import DeliverySlots
@@ -123,8 +124,9 @@ class RecordHandler:
                 names.add(raw.decode("ascii", "replace"))
         return names
 
-    def handle(self, record: Any, *, now: int, ingress: bool) -> Wait | list[Output]:
-        """Wait (not due: the partition waits) or the records to produce for ``record``."""
+    def handle(self, record: Any, *, now: int, ingress: bool, max_wait_ms: int = 0) -> Wait | list[Output]:
+        """Wait (not due: the partition waits) or the records to produce for ``record``, read from
+        a topic whose records wait at most ``max_wait_ms`` (its denomination; 0 for ingress)."""
         source = f"{record.topic}/{record.partition}/{record.offset}"
         if record.value is None:
             verdict = DeadLetter(Reason.TOMBSTONE, "null value (tombstone): a delayed delete would be applied out of order, so it is not delayed")
@@ -148,6 +150,8 @@ class RecordHandler:
             if isinstance(admitted, DeadLetter):
                 return [self.dead_letter(record, admitted, now=now, state=state)]
             state = admitted
+        if state.awake_at is not None:  # an awakeAt its topic cannot hold is re-planned, never waited for
+            state = state.evolve(awake_at=credible_awake_at(state.awake_at, now, max_wait_ms))
         retries, hops = state.time_retried or 0, state.delay_hops or 0
         if applies_to(self.cancellations(state.record_id), state.delayed_at):
             event = AuditEvent(

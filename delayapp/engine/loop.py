@@ -51,7 +51,7 @@ from mode import Service
 
 from delayapp.core.clock import GuardedClock, monotonic_ms
 from delayapp.core.headers import AWAKE_AT, header_value
-from delayapp.core.partition import PartitionState, Pending
+from delayapp.core.partition import PartitionState, Pending, credible_awake_at
 from delayapp.core.policies import DeadLetter, Reason
 from delayapp.engine.handler import Output, RecordHandler, record_size
 from delayapp.settings import Guarantee, Settings
@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 100
 RECENT_EVENTS = 50_000  # per loop, for windowed throughput and lateness percentiles
-AWAKE_SLACK_MS = 1_000  # how far beyond its denomination an awakeAt may lie (writers' clocks differ a little)
 
 
 @dataclass
@@ -311,11 +310,10 @@ class HopLoop(Service):
         raw = header_value(record.headers, AWAKE_AT)
         if raw is None or not raw.isdigit() or len(raw) >= 19:
             return None  # absent or malformed: the handler decides (and dead-letters the malformed)
-        awake = int(raw)
-        if awake > fetched_at + self.max_wait_ms + AWAKE_SLACK_MS:
-            log.warning("%s: %s/%d/%d has awakeAt %d, beyond its topic's %d ms; re-planned now",
-                        self.label, record.topic, record.partition, record.offset, awake, self.max_wait_ms)
-            return None
+        awake = credible_awake_at(int(raw), fetched_at, self.max_wait_ms)
+        if awake is None:
+            log.warning("%s: %s/%d/%d has awakeAt %s, beyond its topic's %d ms; re-planned now",
+                        self.label, record.topic, record.partition, record.offset, raw.decode(), self.max_wait_ms)
         return awake
 
     def _poll_timeout_ms(self) -> int:
@@ -357,7 +355,7 @@ class HopLoop(Service):
         refused = self._refused.pop((tp, entry.offset), None)
         if refused is not None:  # its target refused it in an aborted transaction: dead-letter it now
             return [self.handler.refused(entry.record, refused, now=now)]
-        return self.handler.handle(entry.record, now=now, ingress=self.ingress)
+        return self.handler.handle(entry.record, now=now, ingress=self.ingress, max_wait_ms=self.max_wait_ms)
 
     def _apply_pauses(self) -> None:
         """Pause partitions that wait or hold enough unprocessed records or bytes; resume the rest."""

@@ -52,3 +52,39 @@ async def test_stalled_partition_is_detected_reported_and_recovered(bootstrap: s
     finally:
         await collector.stop()
         await hop_loop.stop()
+
+
+async def test_an_awake_at_beyond_the_topics_denomination_is_re_planned_not_waited_for(bootstrap: str) -> None:
+    """A record written into the 1 s topic claims it sleeps an hour (forged, or a skewed clock):
+    no record there legitimately waits more than 1 s, so it is re-planned at once and delivered
+    at its due time, and the record behind it (same partition) is not held either."""
+    prefix, target = unique("wedge"), unique("wedge-target-")
+    settings = load_settings(
+        broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1, release_ahead=False,
+        session_timeout_ms=6000, heartbeat_interval_ms=1500,
+    )
+    layout = TopicLayout(prefix, settings.ladder)
+    await bootstrap_topics(settings, layout)
+    await create_topics(bootstrap, target, partitions=1)
+    handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
+    delay_topic = layout.delay_topic(1000)
+    hop_loop = HopLoop(name="delay-1s", topic=delay_topic, group_id=f"{prefix}.delay.1s", handler=handler, settings=settings,
+                       audit_topic=None, max_wait_ms=1000)
+    await hop_loop.start()
+    collector = await Collector(bootstrap, [target]).start()
+    try:
+        now = time.time_ns() // 1_000_000
+        p = await producer(bootstrap)
+        try:
+            for key, awake in ((b"forged", now + 3_600_000), (b"behind", now)):
+                headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(now + 500).encode()),
+                           (h.AWAKE_AT, str(awake).encode())]
+                await p.send_and_wait(delay_topic, key, key=b"same-partition", headers=headers)
+        finally:
+            await p.stop()
+        await wait_for(lambda: len(collector.on(target)) >= 2, 20, "both records at their target")
+        assert [r.value for r in collector.on(target)] == [b"forged", b"behind"]
+        assert all(r.timestamp >= now + 500 for r in collector.on(target)), "never early"
+    finally:
+        await collector.stop()
+        await hop_loop.stop()

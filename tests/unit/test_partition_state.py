@@ -150,3 +150,12 @@ def test_every_record_is_released_once_in_due_order_per_wait_and_never_early(wai
             kept = decode_released(position, part.committed_metadata)
             released = {o: t for o, t in released.items() if o < position or o in kept}
     assert sorted(released) == sorted(awake)
+
+
+def test_an_awake_at_its_topic_cannot_hold_is_not_believed() -> None:
+    from delayapp.core.partition import AWAKE_SLACK_MS, credible_awake_at
+
+    assert credible_awake_at(None, NOW, 1_000) is None
+    assert credible_awake_at(NOW + 1_000 + AWAKE_SLACK_MS, NOW, 1_000) == NOW + 1_000 + AWAKE_SLACK_MS
+    assert credible_awake_at(NOW + 1_001 + AWAKE_SLACK_MS, NOW, 1_000) is None
+    assert credible_awake_at(NOW + 3_600_000, NOW, 0) is None  # the ingress holds nothing
