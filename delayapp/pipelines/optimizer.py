@@ -8,10 +8,12 @@ minimal hop count of :class:`delayapp.core.planner.Planner`, averaged over the h
 
 The search keeps the current smallest denomination (it bounds the head-of-line lateness
 of a partial last hop) and never accepts a ladder needing more hops than the current one in
-the worst case up to the maximum delay (``--max-worst-hops``); it grows a ladder greedily to k denominations from a candidate set of
-round durations, then improves it by swapping one denomination at a time until no swap
-helps; it also starts from the current ladder and keeps the better result. Candidate
-ladders of each round are evaluated in parallel on the Spark executors.
+the worst case up to the maximum delay (``--max-worst-hops``). It picks the other k - 1
+denominations from a candidate set of round durations: exhaustively when there are at most
+``--max-evaluations`` such ladders, else by local searches (single swaps) from greedy
+growth, the current ladder and seeded random ladders within about that many evaluations
+(see :func:`optimize_ladder`). The candidate ladders of each evaluator call are scored in
+parallel on the Spark executors.
 
 ``python -m delayapp.pipelines optimize-ladder --denominations 9``
 """
@@ -20,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from dataclasses import dataclass
+from itertools import combinations
+from math import comb
 from typing import Any, Callable, Iterable, Sequence
 
 from pyspark.sql import DataFrame
@@ -40,6 +45,9 @@ JOB = "optimize-ladder"
 ROUND_DURATIONS = "1s,2s,3s,5s,10s,15s,20s,30s,45s,1m,2m,3m,5m,10m,15m,20m,30m,45m,1h,2h,3h,4h,6h,8h,12h,1d,2d,3d,7d"
 INFEASIBLE = float("inf")
 PENALTY = 1e9
+MAX_EVALUATIONS = 3_000  # ladders scored per search: exhaustive up to this many candidate ladders
+RESTARTS = 64  # at most this many local searches from random ladders, within MAX_EVALUATIONS
+RESTART_SEED = 0  # fixed, so the same observations always give the same proposal
 
 Histogram = Sequence[tuple[int, int]]  # (delay ms, how many requests)
 Evaluator = Callable[[list[tuple[int, ...]]], list[float]]
@@ -85,10 +93,13 @@ def serial_evaluator(histogram: Histogram, bound: Bound | None = None) -> Evalua
 
 @dataclass(frozen=True)
 class Choice:
-    """A ladder and its expected hops."""
+    """A ladder and its expected hops; for a search's result, whether every candidate ladder
+    was scored (``exact``) and how many ladders the evaluator scored in all."""
 
     denominations: tuple[int, ...]
     expected_hops: float
+    exact: bool = False
+    evaluated: int = 0
 
     @property
     def ladder(self) -> Ladder:
@@ -96,52 +107,100 @@ class Choice:
         return Ladder.of(self.denominations)
 
 
-def _local_search(start: tuple[int, ...], fixed: int, candidates: Sequence[int], cost: Callable[[list[tuple[int, ...]]], list[float]]) -> Choice:
-    best = Choice(start, cost([start])[0])
-    while True:
-        neighbours = sorted(
-            {tuple(sorted((set(best.denominations) - {out}) | {into})) for out in best.denominations if out != fixed for into in candidates if into not in best.denominations}
-        )
-        if not neighbours:
-            return best
-        scores = cost(neighbours)
-        score, ladder = min(zip(scores, neighbours))
+class _Scores:
+    """Scores by the evaluator, each distinct ladder asked for once (``seen`` counts them)."""
+
+    def __init__(self, evaluate: Evaluator) -> None:
+        self._evaluate = evaluate
+        self.seen: dict[tuple[int, ...], float] = {}
+
+    def __call__(self, ladders: list[tuple[int, ...]]) -> list[float]:
+        todo = list(dict.fromkeys(ladder for ladder in ladders if ladder not in self.seen))
+        for ladder, score in zip(todo, self._evaluate(todo) if todo else []):
+            self.seen[ladder] = score
+        return [self.seen[ladder] for ladder in ladders]
+
+
+def _swaps(ladder: tuple[int, ...], fixed: int, pool: Sequence[int]) -> list[tuple[int, ...]]:
+    """Every ladder that differs from ``ladder`` by one denomination (``fixed`` stays)."""
+    inside = set(ladder)
+    return sorted({tuple(sorted((inside - {out}) | {into})) for out in ladder if out != fixed for into in pool if into not in inside})
+
+
+def _local_search(start: tuple[int, ...], fixed: int, pool: Sequence[int], scores: _Scores) -> Choice:
+    """Best-improvement single swaps until none helps: one evaluator call per round."""
+    best = Choice(start, scores([start])[0])
+    while neighbours := _swaps(best.denominations, fixed, pool):
+        score, ladder = min(zip(scores(neighbours), neighbours))
         if score >= best.expected_hops - 1e-12:
-            return best
+            break
         best = Choice(ladder, score)
+    return best
 
 
-def optimize_ladder(
-    k: int, smallest: int, candidates: Iterable[int], evaluate: Evaluator, current: Sequence[int] | None = None
-) -> Choice:
-    """The best ladder of ``k`` denominations found (``smallest`` always included).
-
-    Greedy growth from ``smallest``, then single swaps to a local optimum; the same local
-    search from ``current`` (cut or padded to ``k``) too; the better of the two wins.
-    """
-    pool = sorted({c for c in candidates if c > smallest})
-    if k < 1:
-        raise PipelineError("a ladder needs at least one denomination")
-    if k - 1 > len(pool):
-        raise PipelineError(f"only {len(pool) + 1} candidate denominations for a ladder of {k}: widen --candidates")
-    seen: dict[tuple[int, ...], float] = {}
-
-    def cost(ladders: list[tuple[int, ...]]) -> list[float]:
-        todo = [ladder for ladder in ladders if ladder not in seen]
-        for ladder, score in zip(todo, evaluate(todo) if todo else []):
-            seen[ladder] = score
-        return [seen[ladder] for ladder in ladders]
-
+def _greedy_growth(k: int, smallest: int, pool: Sequence[int], scores: _Scores) -> tuple[int, ...]:
+    """From ``smallest`` alone, add the candidate that helps most until ``k`` denominations."""
     grown: tuple[int, ...] = (smallest,)
     while len(grown) < k:
         options = [tuple(sorted(grown + (c,))) for c in pool if c not in grown]
-        grown = min(zip(cost(options), options))[1]
-    results = [_local_search(grown, smallest, pool, cost)]
+        grown = min(zip(scores(options), options))[1]
+    return grown
+
+
+def optimize_ladder(
+    k: int,
+    smallest: int,
+    candidates: Iterable[int],
+    evaluate: Evaluator,
+    current: Sequence[int] | None = None,
+    max_evaluations: int = MAX_EVALUATIONS,
+) -> Choice:
+    """The best ladder of ``k`` denominations found (``smallest`` always included).
+
+    The ladders searched are ``smallest`` plus ``k - 1`` of the n candidates above it; the
+    current ladder's denominations (as many as fit in ``k``) are candidates too, so the current
+    ladder cut or padded to ``k`` is one of them and the proposal is never worse than it.
+
+    * Exact when there are at most ``max_evaluations`` such ladders (C(n, k-1); the default
+      covers e.g. n = 14, k = 6 or n = 26, k = 4): all are scored in one evaluator call and
+      the optimum is returned, ties to the smaller denominations.
+    * Otherwise a local search: each round scores every single swap (at most (k-1)(n-k+1)
+      ladders, one evaluator call) and moves to the best until none helps. It starts from
+      the better of greedy growth (add the most useful candidate to ``smallest`` until k;
+      at most (k-1)n ladders scored) and the current ladder, then from the other one, then
+      from up to RESTARTS seeded random ladders (a single search gets stuck in local optima).
+      A search is started only while fewer than ``max_evaluations`` ladders have been scored,
+      and once started it runs to its end, so the evaluator is asked for at most about
+      ``max_evaluations`` plus one search (a few rounds of (k-1)(n-k+1)); on the default
+      candidates up to 1d (n = 25, k = 9: 136 per round) that is 3,000-4,000 ladders, not
+      C(25, 8) = 1.1 million. The result is the best of the local optima: never worse than greedy
+      growth or the current ladder and no single swap improves it, though it may miss the
+      optimum. Random starts are seeded: the same inputs always give the same ladder.
+    """
+    if k < 1:
+        raise PipelineError("a ladder needs at least one denomination")
+    kept = [d for d in sorted(set(current or ())) if d > smallest][: k - 1]
+    pool = sorted({c for c in candidates if c > smallest} | set(kept))
+    if k - 1 > len(pool):
+        raise PipelineError(f"only {len(pool) + 1} candidate denominations for a ladder of {k}: widen --candidates")
+    scores = _Scores(evaluate)
+    if comb(len(pool), k - 1) <= max_evaluations:
+        ladders = [(smallest, *rest) for rest in combinations(pool, k - 1)]
+        score, ladder = min(zip(scores(ladders), ladders))
+        return Choice(ladder, score, exact=True, evaluated=len(scores.seen))
+    starts = [_greedy_growth(k, smallest, pool, scores)]
     if current:
-        start = [smallest] + [d for d in sorted(current) if d > smallest][: k - 1]
-        start += [c for c in pool if c not in start][: k - len(start)]
-        results.append(_local_search(tuple(sorted(start)), smallest, pool, cost))
-    return min(results, key=lambda choice: (choice.expected_hops, choice.denominations))
+        starts.append(tuple(sorted([smallest, *kept, *[c for c in pool if c not in kept][: k - 1 - len(kept)]])))
+    starts = [start for _, start in sorted(zip(scores(starts), starts))]  # the better one first
+    rng = random.Random(RESTART_SEED)
+    starts += [(smallest, *sorted(rng.sample(pool, k - 1))) for _ in range(RESTARTS)]
+    optima = [_local_search(starts[0], smallest, pool, scores)]
+    for start in starts[1:]:
+        if len(scores.seen) >= max_evaluations:
+            break
+        optima.append(_local_search(start, smallest, pool, scores))
+    best = min(optima, key=lambda choice: (choice.expected_hops, choice.denominations))
+    return Choice(best.denominations, best.expected_hops, evaluated=len(scores.seen))
 
 
 def observed_delays_from_ingress(context: JobContext) -> DataFrame:
@@ -203,7 +262,13 @@ def default_candidates(smallest: int, largest_delay: int) -> list[int]:
 
 
 def optimize(
-    context: JobContext, k: int | None, source: str, resolution_ms: int, candidates: list[int] | None, worst_hops: int | None = None
+    context: JobContext,
+    k: int | None,
+    source: str,
+    resolution_ms: int,
+    candidates: list[int] | None,
+    worst_hops: int | None = None,
+    max_evaluations: int = MAX_EVALUATIONS,
 ) -> dict[str, Any]:
     """Observe, search, and compare the best ladder with the current one."""
     layout, progress, settings = context.layout, context.progress, context.settings
@@ -223,11 +288,12 @@ def optimize(
     # Never propose a ladder worse than today's in the worst case up to the maximum delay.
     bound = Bound(max_delay, worst_hops or Planner(current).worst_case_hops(max_delay))
     with progress.step(f"searching ladders of {k} denominations over {len(pool)} candidates, at most {bound.hops} hops up to {format_duration(max_delay)}") as said:
-        best = optimize_ladder(k, current.smallest, pool, spark_evaluator(context, histogram, bound), current.denominations)
+        best = optimize_ladder(k, current.smallest, pool, spark_evaluator(context, histogram, bound), current.denominations, max_evaluations)
         if best.expected_hops >= PENALTY:
             raise PipelineError(f"no ladder of {k} denominations keeps every delay up to {format_duration(max_delay)} within {bound.hops} hops")
         now = Choice(current.denominations, expected_hops(current.denominations, histogram))
-        said.append(f"{best.ladder}: {best.expected_hops:.3f} expected hops")
+        how = "the optimum of" if best.exact else "the best local optimum after"
+        said.append(f"{best.ladder}: {best.expected_hops:.3f} expected hops, {how} {best.evaluated} ladders scored")
     return {
         "requests": requests,
         "current": describe(now, histogram, layout.prefix, max_delay),
@@ -252,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resolution", default="1s", help="round observed delays to this (default 1s)")
     parser.add_argument("--candidates", help="comma-separated candidate denominations (default: round durations up to the largest delay)")
     parser.add_argument("--max-worst-hops", type=int, help="worst-case hops allowed up to the maximum delay (default: the current ladder's)")
+    parser.add_argument(
+        "--max-evaluations",
+        type=int,
+        default=MAX_EVALUATIONS,
+        help=f"ladders scored by the search: exhaustive when there are at most this many, else local searches within about this many (default {MAX_EVALUATIONS})",
+    )
     parser.add_argument("--json", dest="json_path", help="also write the comparison as JSON to this file")
     return parser
 
@@ -266,7 +338,9 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
             candidates = list(Ladder.parse(args.candidates).denominations) if args.candidates else None
         except ConfigError as exc:
             raise PipelineError(str(exc)) from None
-        result = optimize(context, args.denominations, args.source, max(resolution, 1), candidates, args.max_worst_hops)
+        if args.max_evaluations < 1:
+            raise PipelineError("--max-evaluations must be at least 1")
+        result = optimize(context, args.denominations, args.source, max(resolution, 1), candidates, args.max_worst_hops, args.max_evaluations)
         print(format_comparison(result))
         if args.json_path:
             with open(args.json_path, "w", encoding="utf-8") as fh:

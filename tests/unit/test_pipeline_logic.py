@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delayapp.core import headers as h
@@ -106,6 +106,7 @@ def test_times_iso_epoch_and_ago():
 # -- denomination optimizer --------------------------------------------------------------
 
 from itertools import combinations  # noqa: E402
+from math import comb  # noqa: E402
 
 from delayapp.pipelines.optimizer import default_candidates, expected_hops, format_comparison, optimize_ladder, serial_evaluator  # noqa: E402
 
@@ -124,19 +125,66 @@ def test_optimizer_finds_the_obvious_ladder():
     assert best.denominations == (S, 7 * S, 70 * S) and best.expected_hops == 1.0
 
 
-@given(
-    st.lists(st.tuples(st.integers(1, 120).map(lambda s: s * S), st.integers(1, 5)), min_size=1, max_size=6),
-    st.integers(1, 4),
-)
-def test_optimizer_is_never_worse_than_the_current_ladder_and_close_to_brute_force(histogram, k):
-    pool = [2 * S, 3 * S, 5 * S, 10 * S, 30 * S, 60 * S]
-    evaluate = serial_evaluator(histogram)
+HISTOGRAMS = st.lists(st.tuples(st.integers(1, 120).map(lambda s: s * S), st.integers(1, 5)), min_size=1, max_size=6)
+CANDIDATES = st.sampled_from([2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60, 90, 120]).map(lambda s: s * S)
+
+
+def brute_force(k, pool, histogram):
+    """(expected hops, ladder) of the best ladder of k: S and k - 1 of the pool, ties to smaller denominations."""
+    return min((expected_hops((S, *rest), histogram), (S, *rest)) for rest in combinations(sorted(pool), k - 1))
+
+
+def test_optimizer_is_exact_where_a_single_local_search_got_stuck():
+    # main's greedy growth + swaps proposed 1s,2s,5s (7 hops for 29 s); 1s,3s,10s needs 5
+    best = optimize_ladder(3, S, [2 * S, 3 * S, 5 * S, 10 * S, 30 * S, 60 * S], serial_evaluator([(29 * S, 1)]), current=(S, 5 * S, 60 * S))
+    assert best.exact and best.evaluated == comb(6, 2)
+    assert (best.expected_hops, best.denominations) == (5.0, (S, 3 * S, 10 * S))
+
+
+@given(HISTOGRAMS, st.integers(1, 5), st.lists(CANDIDATES, min_size=4, max_size=8, unique=True))
+@settings(deadline=None)  # brute force and planner tables: timing varies on a shared CI machine
+def test_optimizer_finds_the_brute_force_optimum_when_the_candidate_ladders_fit_the_budget(histogram, k, pool):
     current = (S, 5 * S, 60 * S)[:k]
-    best = optimize_ladder(k, S, pool, evaluate, current=current)
-    assert len(best.denominations) == k and best.denominations[0] == S
-    assert best.expected_hops <= expected_hops(current, histogram) + 1e-9
-    brute = min(expected_hops((S, *rest), histogram) for rest in combinations(pool, k - 1))
-    assert best.expected_hops <= brute * 1.25 + 1e-9  # a local optimum, usually the global one
+    best = optimize_ladder(k, S, pool, serial_evaluator(histogram), current=current)
+    searched = set(pool) | set(current[1:])  # the current ladder's denominations are candidates too
+    assert best.exact and best.evaluated == comb(len(searched), k - 1)  # every ladder scored once, nothing else
+    assert (best.expected_hops, best.denominations) == brute_force(k, searched, histogram)
+    assert best.expected_hops <= expected_hops(current, histogram)
+
+
+@given(HISTOGRAMS, st.integers(3, 6), st.lists(CANDIDATES, min_size=9, max_size=12, unique=True), st.integers(1, 150))
+@settings(deadline=None)  # brute force and planner tables: timing varies on a shared CI machine
+def test_the_local_search_for_large_pools_is_swap_optimal_and_never_worse_than_greedy_growth_or_the_current_ladder(histogram, k, pool, budget):
+    # The budget is below C(n, k-1), as for the default candidates (C(25, 8) = 1.1 million ladders for k = 9).
+    # A local optimum has no proven ratio to the global one (main asserted 1.25x and hypothesis
+    # found 7 hops against 5), so this checks what the construction guarantees; the brute-force
+    # optimum is asserted where the search is exhaustive (above).
+    current = (S, 5 * S, 30 * S, 60 * S, 90 * S, 120 * S)[:k]
+    searched = sorted(set(pool) | set(current[1:]))
+    budget = min(budget, comb(len(searched), k - 1) - 1)
+    best = optimize_ladder(k, S, pool, serial_evaluator(histogram), current=current, max_evaluations=budget)
+    assert not best.exact and len(best.denominations) == k and best.denominations[0] == S
+    assert set(best.denominations) <= set(searched) | {S}
+    assert best.expected_hops == expected_hops(best.denominations, histogram)
+    assert best.expected_hops <= expected_hops(current, histogram)
+    grown = (S,)
+    while len(grown) < k:
+        grown = min((expected_hops(ladder, histogram), ladder) for ladder in (tuple(sorted((*grown, c))) for c in searched if c not in grown))[1]
+    assert best.expected_hops <= expected_hops(grown, histogram)
+    for out in best.denominations[1:]:
+        for into in set(searched) - set(best.denominations):
+            assert expected_hops(sorted({*best.denominations, into} - {out}), histogram) >= best.expected_hops
+
+
+def test_restarts_escape_the_local_optimum_of_the_first_search():
+    pool = [s * S for s in (2, 3, 10, 12, 15, 20, 30, 45, 60, 90, 120, 300)]
+    histogram = [(68 * S, 3)]  # 45s + 20s + 3s
+    assert brute_force(4, pool, histogram) == (3.0, (S, 3 * S, 20 * S, 45 * S))
+    alone = optimize_ladder(4, S, pool, serial_evaluator(histogram), max_evaluations=1)  # no restart
+    assert alone.expected_hops == 4.0 and not alone.exact
+    best = optimize_ladder(4, S, pool, serial_evaluator(histogram), max_evaluations=200)  # C(12, 3) = 220 ladders
+    assert (best.expected_hops, best.denominations) == (3.0, (S, 3 * S, 20 * S, 45 * S)) and not best.exact
+    assert best.evaluated < 220
 
 
 def test_optimizer_refuses_impossible_budgets_and_candidates_stop_above_the_largest_delay():
