@@ -88,7 +88,6 @@ audit_topic = app.topic(
 )
 
 
-
 class RecordStatesTable(faust.Table):
     """The ``record-states`` table; every final state it receives from its changelog (a
     recovery, a standby) also goes into :attr:`expiry`, as the agent's own writes do."""
@@ -119,7 +118,9 @@ record_states: RecordStatesTable = app.tables.add(RecordStatesTable(
 async def seed_expiry_index() -> None:
     """A persistent store keeps states recovery does not replay: index them, a chunk per tick.
 
-    (An in-memory store starts empty: everything in it came through the changelog.)"""
+    (An in-memory store starts empty: everything in it came through the changelog.) Each
+    recovery walks the store again, so a state can be indexed twice: the spare entry is
+    dropped when it comes due."""
     if not settings.store.startswith("memory:"):
         record_states.expiry.seed(record_states.items())
 
