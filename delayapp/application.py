@@ -2,7 +2,9 @@
 
 * the delay engine (router + one delay worker per denomination) runs as this worker's
   service: plain aiokafka loops whose offsets it controls;
-* a Faust agent turns the audit stream into the ``record-states`` table (idempotent);
+* a Faust agent turns the audit stream into the ``record-states`` table (idempotent, reading
+  committed events only, offsets committed only behind written table updates: see
+  :mod:`delayapp.faust_driver`);
 * users extend delayapp by adding agents to this app (see ``delayapp.client.retry_later``).
 """
 
@@ -15,15 +17,16 @@ from typing import Any
 import faust
 import orjson
 
+from delayapp import faust_driver
 from delayapp.engine.service import DelayEngine, bootstrap_topics
 from delayapp.engine.topics import TopicLayout
 from delayapp.engine.handler import now_ms
-from delayapp.readmodel import EXPIRE, expire_event, expired_states, merge_record_state, should_drop
+from delayapp.readmodel import EXPIRE, ExpiryIndex, expire_event, merge_record_state, should_drop
 from delayapp.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 
-EXPIRE_BATCH = 10_000  # expire requests per timer tick, so one tick never floods the audit topic
+EXPIRE_BATCH = 10_000  # index entries looked at (and expire requests sent) per timer tick at most
 
 settings: Settings = load_settings()
 layout = TopicLayout(settings.topic_prefix, settings.ladder, with_compat_envelope=settings.compat_envelope)
@@ -35,6 +38,11 @@ class DelayApp(faust.App):
     ``engine`` is this worker's delay engine once it is constructed (web views read it)."""
 
     engine: DelayEngine | None = None
+
+    def _new_transport(self) -> Any:
+        # Faust's aiokafka driver, reading committed data only and committing offsets only
+        # behind acknowledged table writes (why: delayapp.faust_driver).
+        return faust_driver.Transport(self.conf.broker_consumer, self)
 
     async def on_first_start(self) -> None:
         await super().on_first_start()
@@ -79,12 +87,42 @@ audit_topic = app.topic(
     partitions=settings.partitions, retention=timedelta(days=7),
 )
 
+
+class RecordStatesTable(faust.Table):
+    """The ``record-states`` table; every final state it receives from its changelog (a
+    recovery, a standby) also goes into :attr:`expiry`, as the agent's own writes do."""
+
+    expiry: ExpiryIndex
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.expiry = ExpiryIndex()
+
+    def apply_changelog_batch(self, batch: Any) -> None:
+        """Apply ``batch`` as Faust does, then index its final states."""
+        events = list(batch)
+        super().apply_changelog_batch(events)
+        for event in events:
+            self.expiry.add(self._to_key(event.key), event.value)
+
+
 # Keys are the record id's raw bytes, exactly as the audit topic is keyed: Faust routes a
 # view to the worker owning hash(serialized key), which must be the audit partition's owner.
-record_states = app.Table(
-    "record-states", default=None, partitions=settings.partitions, key_type=bytes,
+record_states: RecordStatesTable = app.tables.add(RecordStatesTable(
+    app, name="record-states", beacon=app.tables.beacon, default=None, partitions=settings.partitions, key_type=bytes,
     help="per logical record id (UTF-8 bytes): status, retries, hops and where it is now",
-)
+))
+
+
+@record_states.on_recover
+async def seed_expiry_index() -> None:
+    """A persistent store keeps states recovery does not replay: index them, a chunk per tick.
+
+    (An in-memory store starts empty: everything in it came through the changelog.) Each
+    recovery walks the store again, so a state can be indexed twice: the spare entry is
+    dropped when it comes due."""
+    if not settings.store.startswith("memory:"):
+        record_states.expiry.seed(record_states.items())
 
 
 @app.agent(audit_topic)
@@ -105,6 +143,7 @@ async def track_records(events: Any) -> None:
         merged = merge_record_state(record_states.get(key), event)
         if merged is not None:
             record_states[key] = merged
+            record_states.expiry.add(key, merged)
 
 
 @app.timer(interval=max(1.0, min(60.0, settings.record_state_ttl / 4000)))
@@ -113,8 +152,10 @@ async def expire_record_states() -> None:
 
     Tables change only inside their agent (it owns the partition and writes the changelog),
     so this sends an ``expire`` event per stale id; a standby replica asking too is harmless.
+    The candidates come from the table's expiry index, not from a scan: a tick costs at most
+    ``EXPIRE_BATCH`` index entries, however large the table.
     """
-    stale = expired_states(record_states.values(), now_ms=now_ms(), ttl_ms=settings.record_state_ttl, limit=EXPIRE_BATCH)
+    stale = record_states.expiry.due(record_states.get, now_ms=now_ms(), ttl_ms=settings.record_state_ttl, limit=EXPIRE_BATCH)
     for state in stale:
         await audit_topic.send(key=str(state["record_id"]).encode(), value=orjson.dumps(expire_event(state)))
 

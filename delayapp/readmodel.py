@@ -2,11 +2,23 @@
 
 Re-processing is harmless here (idempotent upserts keyed by the event's ``seq``), which is
 why this, unlike moving records, is a Faust agent writing a changelogged Faust table.
+
+Exactness rests on three things, not on ``seq`` alone:
+
+1. only committed audit events are applied: under exactly_once an aborted batch's events
+   (a hop decided, then undone by a crash) can carry a higher ``seq`` than the step the redo
+   really took, and would otherwise win for ever (the worker reads read_committed, see
+   :mod:`delayapp.faust_driver`);
+2. a source offset is committed only once the table writes of the events before it are
+   acknowledged (same module), so a SIGKILL never loses an applied update;
+3. every event of one record id travels on one audit partition, in the order its steps
+   were committed, so the highest ``seq`` seen is the record's real latest step.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import heapq
+from typing import Any, Callable, Iterable, Iterator
 
 FIELDS = (
     "record_id", "status", "at", "seq", "retries", "hops", "target", "awake_at", "reactivate_at",
@@ -23,16 +35,9 @@ def expire_event(state: dict[str, Any]) -> dict[str, Any]:
     return {"record_id": state["record_id"], "status": EXPIRE, "seq": state.get("seq", -1)}
 
 
-def expired_states(states: Iterable[dict[str, Any]], *, now_ms: int, ttl_ms: int, limit: int) -> list[dict[str, Any]]:
-    """Up to ``limit`` states that are final and older than ``ttl_ms``: nothing will change them."""
-    horizon = now_ms - ttl_ms
-    out = []
-    for state in states:
-        if state and state.get("status") in FINAL and int(state.get("at") or 0) < horizon:
-            out.append(state)
-            if len(out) >= limit:
-                break
-    return out
+def is_final(state: Any) -> bool:
+    """True for a state no later step is expected to change (delivered, dead-lettered, cancelled)."""
+    return isinstance(state, dict) and state.get("status") in FINAL
 
 
 def should_drop(current: dict[str, Any] | None, event: dict[str, Any]) -> bool:
@@ -45,3 +50,66 @@ def merge_record_state(current: dict[str, Any] | None, event: dict[str, Any]) ->
     if current is not None and int(event.get("seq", -1)) <= int(current.get("seq", -1)):
         return None
     return {name: event.get(name) for name in FIELDS}
+
+
+class ExpiryIndex:
+    """Final record states ordered by when they became final, so the expiry timer finds the
+    stale ones without scanning the table: each tick costs at most ``limit`` index entries
+    (plus ``limit`` seeded table entries while a seed walk runs), whatever the table's size.
+
+    Entries are hints, checked against the table when they come due: a state replaced since
+    (retried, expired, a newer step) simply drops out. Every write that can put a final state
+    into the table must :meth:`add` it: the agent's upserts and the changelog batches a
+    recovery or standby applies; a persistent store's older contents are walked once with
+    :meth:`seed`.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, bytes, int]] = []  # (at, key, seq)
+        self._seeding: Iterator[tuple[bytes, Any]] | None = None
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, key: bytes, state: Any) -> None:
+        """Remember ``state`` (stored under ``key``) if it is final; anything else is ignored."""
+        if is_final(state):
+            heapq.heappush(self._heap, (int(state.get("at") or 0), key, int(state.get("seq", -1))))
+
+    def seed(self, items: Iterable[tuple[bytes, Any]]) -> None:
+        """Index ``items`` (key, state) a bounded chunk per :meth:`due` call, not all at once."""
+        self._seeding = iter(items)
+
+    @property
+    def seeding(self) -> bool:
+        """True while a seed walk is still under way."""
+        return self._seeding is not None
+
+    def due(self, current: Callable[[bytes], Any], *, now_ms: int, ttl_ms: int, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` states final for longer than ``ttl_ms`` and still what ``current(key)``
+        holds; looks at no more than ``limit`` entries (and ``limit`` seeded ones) per call."""
+        self._seed_chunk(limit)
+        horizon = now_ms - ttl_ms
+        heap, out, previous = self._heap, [], None
+        for _ in range(limit):
+            if not heap or heap[0][0] >= horizon:
+                break
+            entry = heapq.heappop(heap)
+            if entry == previous:  # the same state indexed twice (written, then recovered)
+                continue
+            previous = entry
+            at, key, seq = entry
+            state = current(key)
+            if is_final(state) and int(state.get("seq", -1)) == seq and int(state.get("at") or 0) == at:
+                out.append(state)
+        return out
+
+    def _seed_chunk(self, limit: int) -> None:
+        if self._seeding is None:
+            return
+        for _ in range(limit):
+            item = next(self._seeding, None)
+            if item is None:
+                self._seeding = None
+                return
+            self.add(*item)

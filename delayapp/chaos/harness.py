@@ -253,15 +253,22 @@ class ChaosRun:
         return deliveries, dead
 
     async def _table_mismatches(self, bootstrap: str, deliveries: dict[str, list[Any]]) -> tuple[int, int]:
-        """Compare the record-states table (its changelog, last value per id) with the
-        ``timeRetried`` recounted from the delivered records."""
+        """Compare the record-states table (its changelog read committed, last value per id; a
+        tombstone removes the id) with the ``timeRetried`` recounted from the delivered records.
+
+        The changelog is what any worker recovers the table from, so a table update lost
+        behind a commit, or an aborted audit event applied, shows here."""
         changelog = f"{self.prefix}-record-states-changelog"
         collector = await TopicCollector(bootstrap, [changelog]).start()
 
         def latest() -> dict[str, dict]:
             table: dict[str, dict] = {}
             for record in collector.on(changelog):
-                if record.key and record.value:
+                if not record.key:
+                    continue
+                if record.value is None:
+                    table.pop(record.key.decode(), None)
+                else:
                     table[record.key.decode()] = orjson.loads(record.value)  # keys are raw record ids
             return table
 
@@ -271,18 +278,20 @@ class ChaosRun:
             return table if done else None
 
         try:
-            table = await wait_for(complete, 90, "the record-states table to catch up")
+            table = await wait_for(complete, 90, "the record-states table to catch up", interval=1.0)
         except AssertionError:
             table = latest()
         finally:
             await collector.stop()
-        mismatches = 0
+        mismatches: list[tuple[str, int, dict | None]] = []
         for rid, records in deliveries.items():
             recount = int(dict(records[0].headers).get(h.TIME_RETRIED, b"0"))
             state = table.get(rid)
             if state is None or state.get("status") != "delivered" or state.get("retries") != recount:
-                mismatches += 1
-        return mismatches, len(deliveries)
+                mismatches.append((rid, recount, state))
+        for rid, recount, state in mismatches[:10]:
+            log.error("record-states disagrees for %s: timeRetried %d delivered, table holds %s", rid, recount, state)
+        return len(mismatches), len(deliveries)
 
     # -- the run ---------------------------------------------------------------------------------
 

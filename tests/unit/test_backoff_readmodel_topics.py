@@ -63,16 +63,3 @@ def test_released_offsets_round_trip_through_commit_metadata() -> None:
 
     round_trip()
 
-
-def test_final_states_expire_only_as_they_were() -> None:
-    from delayapp.readmodel import expire_event, expired_states, should_drop
-
-    done = {"record_id": "a", "status": "delivered", "at": 1_000, "seq": 21}
-    waiting = {"record_id": "b", "status": "waiting", "at": 0, "seq": 10}
-    fresh = {"record_id": "c", "status": "dead_lettered", "at": 9_500, "seq": 2}
-    assert expired_states([done, waiting, fresh], now_ms=10_000, ttl_ms=1_000, limit=10) == [done]
-    assert expired_states([done, dict(done, record_id="z")], now_ms=10_000, ttl_ms=1_000, limit=1) == [done]
-    event = expire_event(done)
-    assert should_drop(done, event)
-    assert not should_drop(dict(done, seq=31, status="delivered"), event), "retried since: keep the newer state"
-    assert not should_drop(None, event) and not should_drop(waiting, expire_event(waiting))

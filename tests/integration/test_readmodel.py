@@ -1,0 +1,135 @@
+"""The record-states read model on a real broker: committed audit events only, no table write
+lost behind a commit, and final states that expire after a restart too."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import faust
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from delayapp import faust_driver
+from delayapp.engine.handler import AuditEvent, audit_seq, now_ms
+
+from .kafka_helpers import Collector, Worker, create_topics, producer, unique, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def broker_transactions(bootstrap: str) -> str | None:
+    """None if the broker commits and aborts aiokafka transactions, else the reason it does not."""
+    topic = unique("rm-probe-")
+    await create_topics(bootstrap, topic, partitions=1)  # delayapp's clients never auto-create one
+    probe = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("rm-probe-"))
+    try:
+        await asyncio.wait_for(probe.start(), 30)
+        async with probe.transaction():
+            await probe.send_and_wait(topic, b"x")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        await probe.stop()
+    return None
+
+
+def audit(record_id: str, status: str, *, retries: int, hops: int, at: int | None = None) -> bytes:
+    """An audit event as the engine writes it (``engine.handler.AuditEvent``)."""
+    event = AuditEvent(record_id, status, now_ms() if at is None else at, audit_seq(retries, hops, status), retries, hops, "it-target")
+    return event.encode("it-target", 0, 0)
+
+
+async def record_view(worker: Worker, record_id: str) -> dict | None:
+    """The worker's answer for ``record_id`` (its own replica), None on 404."""
+    url = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}/delay/records/{record_id}?local=true"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return await response.json() if response.status == 200 else None
+
+
+async def test_an_aborted_audit_event_never_reaches_the_record_states_table(bootstrap: str) -> None:
+    """A crash aborts a batch that had hopped the record (``waiting`` at hop 3); the redo finds
+    it due and delivers it at hop 2, a lower ``seq``. The table must say delivered."""
+    reason = await broker_transactions(bootstrap)
+    if reason is not None:
+        pytest.skip(f"broker lacks usable transactions ({reason}); run with DELAYAPP_TEST_BROKER=<real Kafka>")
+    prefix = unique("rmx")
+    worker = Worker(bootstrap, prefix, DELAYAPP_PARTITIONS="1").start()
+    txn = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("rmx-txn-"), acks="all")
+    try:
+        await worker.wait_ready()
+        await txn.start()
+        topic = f"{prefix}.audit"
+        async with txn.transaction():  # the first attempt, committed: the record waits at hop 2
+            await txn.send_and_wait(topic, audit("rx", "waiting", retries=2, hops=2), key=b"rx")
+        await txn.begin_transaction()  # the crashed attempt: hopped on, then aborted
+        await txn.send_and_wait(topic, audit("rx", "waiting", retries=2, hops=3), key=b"rx")
+        await txn.abort_transaction()
+        async with txn.transaction():  # the redo: delivered at hop 2
+            await txn.send_and_wait(topic, audit("rx", "delivered", retries=2, hops=2), key=b"rx")
+        async with txn.transaction():  # a later record, so we know the agent read past the redo
+            await txn.send_and_wait(topic, audit("ry", "delivered", retries=0, hops=1), key=b"ry")
+
+        await wait_for(lambda: record_view(worker, "ry"), 60, "the agent to read past the redo")
+        state = await record_view(worker, "rx")
+        assert state is not None and (state["status"], state["hops"], state["retries"]) == ("delivered", 2, 2), state
+    finally:
+        await txn.stop()
+        worker.stop()
+
+
+async def test_flush_returns_only_once_every_queued_table_write_is_acknowledged(bootstrap: str) -> None:
+    """Faust commits a source offset right after ``producer.flush()``; its own flush returned
+    while a changelog write was still waiting in its send path (here: for its topic's
+    metadata), so a SIGKILL after that commit lost the update."""
+    pending_topic = unique("rm-pending-")
+
+    class App(faust.App):
+        def _new_transport(self):  # as delayapp.application.DelayApp does
+            return faust_driver.Transport(self.conf.broker_consumer, self)
+
+    app = App(unique("rm-flush-"), broker=f"kafka://{bootstrap}", autodiscover=False)
+    await app.producer.start()
+    try:
+        topic = app.topic(pending_topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+        written = topic.send_soon(key=b"k", value=b"update")
+        await wait_for(lambda: app.producer.buffer.size == 0, 10, "the sender to take the write")
+        flush = asyncio.create_task(app.producer.flush())
+        done, _ = await asyncio.wait({flush}, timeout=3.0)
+        assert not done, "flush returned while a queued write was not acknowledged"
+        assert not written.done()
+        await create_topics(bootstrap, pending_topic, partitions=1)  # the write can go now
+        await asyncio.wait_for(flush, 60)
+        assert written.done() and written.result().offset == 0
+        assert app.producer.unacknowledged == 0
+    finally:
+        await app.producer.stop()
+    reader = await Collector(bootstrap, [pending_topic]).start()
+    try:
+        await wait_for(lambda: reader.on(pending_topic), 30, "the write to be readable")
+    finally:
+        await reader.stop()
+
+
+async def test_a_final_state_recovered_from_the_changelog_still_expires(bootstrap: str) -> None:
+    """The expiry index learns recovered states too, not only the ones its agent writes."""
+    prefix = unique("rmttl")
+    worker = Worker(bootstrap, prefix, DELAYAPP_PARTITIONS="1", DELAYAPP_RECORD_STATE_TTL="45s").start()
+    p = await producer(bootstrap)
+    try:
+        await worker.wait_ready()
+        await p.send_and_wait(f"{prefix}.audit", audit("re", "delivered", retries=1, hops=1), key=b"re")
+        await wait_for(lambda: record_view(worker, "re"), 60, "the table to hold the state")
+        worker.stop()
+        worker.start()
+        await worker.wait_ready()
+        recovered = await wait_for(lambda: record_view(worker, "re"), 30, "the restarted worker to recover the state")
+        assert recovered["status"] == "delivered"
+
+        async def forgotten() -> bool:
+            return await record_view(worker, "re") is None
+
+        await wait_for(forgotten, 120, "the recovered final state to expire")
+    finally:
+        await p.stop()
+        worker.stop()

@@ -1,0 +1,142 @@
+"""The record-states read model: expiry by index (bounded per tick), and the Faust transport
+that reads committed audit events only."""
+
+from __future__ import annotations
+
+import faust
+from hypothesis import given, settings, strategies as st
+
+from delayapp import faust_driver
+from delayapp.engine.handler import audit_seq
+from delayapp.readmodel import ExpiryIndex, expire_event, should_drop
+
+TTL = 1_000
+
+
+def state(record_id: str, status: str, at: int, retries: int = 0, hops: int = 1) -> dict:
+    return {"record_id": record_id, "status": status, "at": at, "seq": audit_seq(retries, hops, status), "retries": retries}
+
+
+def indexed(table: dict[bytes, dict]) -> ExpiryIndex:
+    index = ExpiryIndex()
+    for key, value in table.items():
+        index.add(key, value)
+    return index
+
+
+def test_final_states_expire_only_as_they_were() -> None:
+    done, waiting, fresh = state("a", "delivered", 1_000), state("b", "waiting", 0), state("c", "dead_lettered", 9_500)
+    table = {b"a": done, b"b": waiting, b"c": fresh}
+    index = indexed(table)
+    assert len(index) == 2, "only final states are indexed"
+    assert index.due(table.get, now_ms=10_000, ttl_ms=TTL, limit=10) == [done]
+    assert index.due(table.get, now_ms=10_000, ttl_ms=TTL, limit=10) == [], "asked once per indexed state"
+    event = expire_event(done)
+    assert should_drop(done, event)
+    assert not should_drop(dict(done, seq=done["seq"] + 10), event), "retried since: keep the newer state"
+    assert not should_drop(None, event) and not should_drop(waiting, expire_event(waiting))
+
+
+def test_a_replaced_state_drops_out_and_its_successor_expires_on_its_own_time() -> None:
+    table = {b"r": state("r", "delivered", 1_000)}
+    index = indexed(table)
+    table[b"r"] = state("r", "waiting", 2_000, retries=1)  # the application retried it
+    assert index.due(table.get, now_ms=50_000, ttl_ms=TTL, limit=10) == []
+    table[b"r"] = again = state("r", "delivered", 3_000, retries=1)
+    index.add(b"r", again)
+    assert index.due(table.get, now_ms=3_500, ttl_ms=TTL, limit=10) == []
+    assert index.due(table.get, now_ms=4_500, ttl_ms=TTL, limit=10) == [again]
+    del table[b"r"]  # expired by its owner
+    index.add(b"r", again)  # a late duplicate index entry (recovered from the changelog)
+    assert index.due(table.get, now_ms=9_000, ttl_ms=TTL, limit=10) == []
+
+
+def test_a_tick_looks_at_no_more_than_its_limit_however_large_the_table() -> None:
+    """Finding 8: the timer scanned the whole table on the event loop every tick."""
+    table = {f"n{i}".encode(): state(f"n{i}", "delivered", 100_000 + i) for i in range(100_000)}  # not stale yet
+    table.update({f"o{i}".encode(): state(f"o{i}", "delivered", i) for i in range(25)})  # stale
+    index = indexed(table)
+    looked: list[bytes] = []
+
+    def current(key: bytes) -> dict | None:
+        looked.append(key)
+        return table.get(key)
+
+    first = index.due(current, now_ms=100_000 + TTL - 1, ttl_ms=TTL, limit=10)
+    assert len(first) == 10 and len(looked) == 10
+    rest = index.due(current, now_ms=100_000 + TTL - 1, ttl_ms=TTL, limit=10_000)
+    assert len(rest) == 15 and len(looked) == 25, "the fresh 100,000 are never looked at"
+    # 50,000 replaced states come due at once: still at most `limit` looked at per tick
+    for i in range(50_000):
+        table[f"n{i}".encode()] = state(f"n{i}", "waiting", 0, retries=1)
+    looked.clear()
+    assert index.due(current, now_ms=10**9, ttl_ms=TTL, limit=1_000) == [] and len(looked) == 1_000
+
+
+def test_a_seed_walk_indexes_a_chunk_per_tick() -> None:
+    table = {f"s{i}".encode(): state(f"s{i}", "cancelled", i) for i in range(5)}
+    index = ExpiryIndex()
+    index.seed(table.items())
+    assert len(index.due(table.get, now_ms=10**6, ttl_ms=TTL, limit=2)) == 2 and index.seeding
+    assert len(index.due(table.get, now_ms=10**6, ttl_ms=TTL, limit=2)) == 2
+    assert len(index.due(table.get, now_ms=10**6, ttl_ms=TTL, limit=2)) == 1 and not index.seeding
+
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("write"), st.integers(0, 7), st.sampled_from(["waiting", "delivered", "dead_lettered", "cancelled"]), st.integers(0, 3)),
+        st.tuples(st.just("tick"), st.integers(1, 3)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_expiry_asks_only_for_stale_final_states_and_in_the_end_for_all_of_them(plan: list) -> None:
+    """The owner drops what the index asks for (if unchanged); nothing else is ever asked,
+    and once time moves past the TTL no final state is left behind."""
+    table: dict[bytes, dict] = {}
+    index, now = ExpiryIndex(), 10_000
+    seqs: dict[bytes, int] = {}
+
+    def tick(limit: int) -> None:
+        for asked in index.due(table.get, now_ms=now, ttl_ms=TTL, limit=limit):
+            key = asked["record_id"].encode()
+            current = table.get(key)
+            assert current is asked and current["status"] != "waiting" and current["at"] < now - TTL
+            if should_drop(current, expire_event(asked)):
+                del table[key]
+
+    for step in plan:
+        if step[0] == "write":
+            _, n, status, gap = step
+            now += gap * 400
+            key = f"k{n}".encode()
+            seqs[key] = seqs.get(key, 0) + 1
+            table[key] = value = {"record_id": f"k{n}", "status": status, "at": now, "seq": seqs[key]}
+            index.add(key, value)
+        else:
+            tick(step[1])
+    now += 10 * TTL
+    for _ in range(200):
+        tick(3)
+    assert all(value["status"] == "waiting" for value in table.values())
+
+
+async def test_the_faust_worker_consumer_reads_committed_data_only() -> None:
+    """Faust picks read_uncommitted unless it runs its own transactions; delayapp's app must
+    not see an aborted batch's audit events (they would win over the redo's by seq)."""
+
+    class App(faust.App):
+        def _new_transport(self):  # as delayapp.application.DelayApp does
+            return faust_driver.Transport(self.conf.broker_consumer, self)
+
+    app = App("readmodel-unit", broker="kafka://127.0.0.1:1", processing_guarantee="at_least_once", autodiscover=False)
+    assert not app.in_transaction
+    consumer = app.consumer._thread._create_worker_consumer(app.transport)
+    try:
+        assert consumer._isolation_level == "read_committed"
+    finally:
+        await consumer.stop()
+    assert isinstance(app.producer, faust_driver.Producer)
