@@ -103,6 +103,12 @@ class PartitionState:
         """True while the partition waits for a head that is not due."""
         return self.wait_until is not None and self.wait_until > now
 
+    def should_pause(self, now: int, *, release_ahead: bool, max_records: int, max_bytes: int) -> bool:
+        """True when fetching more for this partition must stop for now: it waits and nothing
+        behind its head may go ahead, or it holds ``max_records`` records or ``max_bytes`` bytes
+        already (records of up to 1 MB each would otherwise fill memory)."""
+        return (self.waiting(now) and not release_ahead) or len(self.queue) >= max_records or self.queued_bytes >= max_bytes
+
     # -- deciding --------------------------------------------------------------------------------
 
     def release_due(

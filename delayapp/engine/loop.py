@@ -366,7 +366,7 @@ class HopLoop(Service):
         byte_budget = self.settings.max_queued_bytes // max(1, len(self._parts))
         want = {
             tp for tp, part in self._parts.items()
-            if (part.waiting(now) and not self.release_ahead) or len(part.queue) >= backlog or part.queued_bytes >= byte_budget
+            if part.should_pause(now, release_ahead=self.release_ahead, max_records=backlog, max_bytes=byte_budget)
         }
         assigned = consumer.assignment()
         pause, resume = want - self._paused, (self._paused - want) & assigned

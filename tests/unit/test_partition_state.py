@@ -159,3 +159,17 @@ def test_an_awake_at_its_topic_cannot_hold_is_not_believed() -> None:
     assert credible_awake_at(NOW + 1_000 + AWAKE_SLACK_MS, NOW, 1_000) == NOW + 1_000 + AWAKE_SLACK_MS
     assert credible_awake_at(NOW + 1_001 + AWAKE_SLACK_MS, NOW, 1_000) is None
     assert credible_awake_at(NOW + 3_600_000, NOW, 0) is None  # the ingress holds nothing
+
+
+def test_a_partition_pauses_on_records_or_bytes_held_and_on_a_wait_nothing_may_pass() -> None:
+    """Finding 8: the bound counts bytes as well as records (records may be 1 MB each)."""
+    part = PartitionState(0)
+    part.add([Pending(0, "big", None, 3_000_000)])
+    assert part.should_pause(NOW, release_ahead=True, max_records=1_000, max_bytes=2_000_000)
+    assert not part.should_pause(NOW, release_ahead=True, max_records=1_000, max_bytes=4_000_000)
+    assert part.should_pause(NOW, release_ahead=True, max_records=1, max_bytes=4_000_000)
+    waiting = PartitionState(0)
+    waiting.add(fetched(0, awake={0: NOW + 1_000}))
+    handled_offsets(waiting)
+    assert waiting.should_pause(NOW, release_ahead=False, max_records=1_000, max_bytes=4_000_000)
+    assert not waiting.should_pause(NOW, release_ahead=True, max_records=1_000, max_bytes=4_000_000)
