@@ -263,7 +263,8 @@ class HopLoop(Service):
             for tp, records in fetched.items():
                 if tp in consumer.assignment():
                     skip = self._released_before.get(tp, ())
-                    entries = [_Pending(r, _awake_at(r), released=r.offset in skip) for r in records]
+                    # an ingress record's awakeAt is a producer's: never waited for (the handler strips it)
+                    entries = [_Pending(r, None if self.ingress else _awake_at(r), released=r.offset in skip) for r in records]
                     self._queues.setdefault(tp, deque()).extend(entries)
                     self.stats.consumed += len(records)
                     if tp in self._waits:  # a newcomer may be due before the record it queues behind
