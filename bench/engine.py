@@ -28,7 +28,8 @@ async def hop_throughput(bootstrap: str, count: int, *, audit: bool, partitions:
     """Records/s one denomination loop moves when every record is already due (in-process)."""
     prefix = unique("hop")
     settings = load_settings(broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s,1m", partitions=partitions,
-                             session_timeout_ms=6000, heartbeat_interval_ms=1500, max_batch=1000)
+                             session_timeout_ms=6000, heartbeat_interval_ms=1500, max_batch=1000,
+                             allowed_targets=f"{prefix}-*")
     layout = TopicLayout(prefix, settings.ladder)
     await bootstrap_topics(settings, layout)
     sink = f"{prefix}-sink"

@@ -16,7 +16,7 @@ from delayapp.core import headers as h
 from delayapp.core.backoff import ExponentialBackoff, backoff_ms
 from delayapp.core.cancel import CancelRequest, encode_cancel
 from delayapp.core.durations import parse_duration
-from delayapp.core.policies import Reason
+from delayapp.core.policies import LOG_APPEND_TIME, Reason
 from delayapp.engine.handler import now_ms
 
 
@@ -81,11 +81,15 @@ async def _send(producer: Any, topic: str, key: bytes | None, value: bytes | Non
 
 
 async def cancel(producer: Any, record_id: str, *, cancel_topic: str = "delayapp.cancel", reason: str = "", by: str = "") -> int:
-    """Cancel every pending incarnation of ``record_id`` scheduled before now; returns the
-    cancel time (epoch ms). A record already delivered is not affected."""
+    """Cancel every pending incarnation of ``record_id`` that entered before the cancel;
+    returns the cancel time (epoch ms): the broker's append time where the cancel topic
+    uses it (see :mod:`delayapp.core.cancel`), else this host's clock. A record already
+    delivered is not affected."""
     request = CancelRequest(record_id, now_ms(), reason, by)
     key, value = encode_cancel(request)
-    await _send(producer, cancel_topic, key, value, [])
+    written = await _send(producer, cancel_topic, key, value, [])
+    if getattr(written, "timestamp_type", None) == LOG_APPEND_TIME and getattr(written, "timestamp", -1) > 0:
+        return int(written.timestamp)
     return request.cancelled_at
 
 

@@ -81,7 +81,9 @@ class Settings(BaseSettings):
     # -- governance ---------------------------------------------------------------------------
     max_delay: int = Field(7 * 86_400_000, description="longest delay accepted (duration); longer is dead-lettered")
     max_retries: int = Field(10, ge=0, description="highest timeRetried accepted; above is dead-lettered")
-    allowed_targets: str = Field("*", description="comma-separated topic patterns records may be delivered to")
+    allowed_targets: str | None = Field(
+        None, description="comma-separated topic patterns records may be delivered to; a worker refuses to start without it ('*': any topic)"
+    )
     check_target_exists: bool = Field(True, description="dead-letter records whose target topic does not exist")
     max_overdue: int = Field(
         7 * 86_400_000, description="records entering already overdue by more than this are dead-lettered (seconds given for ms?)"
@@ -180,7 +182,23 @@ class Settings(BaseSettings):
     @property
     def allowed_target_patterns(self) -> tuple[str, ...]:
         """``allowed_targets`` split into patterns."""
-        return tuple(p.strip() for p in self.allowed_targets.split(",") if p.strip())
+        return tuple(p.strip() for p in (self.allowed_targets or "").split(",") if p.strip())
+
+    def require_allowed_targets(self) -> tuple[str, ...]:
+        """The allowed target patterns a worker runs with; :class:`ConfigError` naming the
+        setting when there are none.
+
+        Checked when the engine starts, not when settings load, so the command-line tools
+        (which deliver nothing) work without it. There is no default: where records may be
+        delivered is a decision, and ``*`` must be written out to allow any topic.
+        """
+        patterns = self.allowed_target_patterns
+        if not patterns:
+            raise ConfigError(
+                "DELAYAPP_ALLOWED_TARGETS is not set: a worker needs the topics records may be delivered to, "
+                "as comma-separated shell patterns (e.g. DELAYAPP_ALLOWED_TARGETS='orders,payments.*'; '*' allows any topic)"
+            )
+        return patterns
 
     @property
     def worker_instance_id(self) -> str:

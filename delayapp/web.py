@@ -8,6 +8,7 @@ is asked.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Any
 
@@ -16,7 +17,6 @@ from faust.web import Request, Response, View
 
 from delayapp import api
 from delayapp.application import app, layout, record_states, settings
-from delayapp.core import headers as h
 from delayapp.client import cancel
 from delayapp.core.cancel import CancelRequest, applies_to
 
@@ -169,9 +169,11 @@ class Schedule(View):
             producer = await _engine().api_producer()
             headers = wanted.headers
             if wanted.replace:
-                cancelled_at = await cancel(producer, wanted.record_id, cancel_topic=layout.cancellations, reason="replaced", by="http")
-                # scheduled after the cancel, so the cancel does not apply to this copy
-                headers = headers + [(h.DELAYED_AT, str(cancelled_at + 1).encode())]
+                await cancel(producer, wanted.record_id, cancel_topic=layout.cancellations, reason="replaced", by="http")
+                # A cancel applies to copies that entered the ingress at or before its own append
+                # time (broker ms; delayedAt is never taken from a producer): let that millisecond
+                # pass, so this copy enters after the cancel and is not cancelled by it.
+                await asyncio.sleep(0.002)
             written = await producer.send_and_wait(layout.ingress, wanted.value, key=wanted.key, headers=headers)
         except _Problem as problem:
             return _refuse(self, problem)

@@ -10,6 +10,12 @@ Go producers can set them without a library. Names are the white paper's:
   engine's ``delayHops`` counter.
 
 Every other header, the key and the value pass through untouched and in order.
+
+Some headers only delayapp may write (:data:`NEVER_FROM_PRODUCER`): the per-hop state
+(``delayedAt``, ``awakeAt``, ``delayHops``, ``throttledUntil``) and the dead-letter headers.
+At ingress they are stripped (:func:`strip_never_from_producer`). Time headers are epoch
+milliseconds; a value below :data:`MIN_TIMESTAMP_MS` is refused (:class:`NotEpochMillis`):
+it is epoch seconds, or an unset field, never a moment anyone means.
 """
 
 from __future__ import annotations
@@ -40,6 +46,12 @@ PRIORITIES = ("high", "normal")
 IRREMOVABLE = (RECORD_ID, ORIGINATED_AT, TIME_RETRIED, VALID_AT, EXPIRE_AT)
 REMOVABLE = (DELAYED_AT, REACTIVATE_AT, REACTIVATE_TO_TOPIC, AWAKE_AT, DELAY_MS, DELAY_HOPS, PRIORITY, THROTTLED_UNTIL)
 DELAY_HEADERS = IRREMOVABLE + REMOVABLE
+TIME_HEADERS = (ORIGINATED_AT, VALID_AT, EXPIRE_AT, DELAYED_AT, REACTIVATE_AT, AWAKE_AT, THROTTLED_UNTIL)
+"""The headers that hold a point in time (epoch ms); ``delayMs`` is a duration, not one of them."""
+
+ENGINE_STATE = (DELAYED_AT, AWAKE_AT, DELAY_HOPS, THROTTLED_UNTIL)
+"""Removable headers only the engine writes: when the record entered (the router's broker
+time, which cancels compare), when it next wakes, its hop count, its reserved delivery slot."""
 
 # Dead-letter records keep the original key, value and headers and add these.
 DEAD_LETTER_REASON = "deadLetterReason"
@@ -47,9 +59,19 @@ DEAD_LETTER_DETAIL = "deadLetterDetail"
 DEAD_LETTER_AT = "deadLetterAt"
 DEAD_LETTER_FROM = "deadLetterFrom"
 DEAD_LETTER_VALUE_DROPPED = "deadLetterValueDropped"
+DEAD_LETTER_HEADERS = (DEAD_LETTER_REASON, DEAD_LETTER_DETAIL, DEAD_LETTER_AT, DEAD_LETTER_FROM, DEAD_LETTER_VALUE_DROPPED)
+
+NEVER_FROM_PRODUCER = frozenset(ENGINE_STATE + DEAD_LETTER_HEADERS)
+"""Headers delayapp owns and a producer must not set; stripped from every ingress record."""
 
 # Largest epoch-ms timestamp accepted: 9999-12-31T23:59:59.999Z. Beyond it is a bug, not a date.
 MAX_TIMESTAMP_MS = 253_402_300_799_999
+# Smallest: 10^11 ms = 1973-03-03T09:46:40Z. Read as seconds, 10^11 is the year 5138, so every
+# date a producer can mean, written in epoch seconds, lies below it (today is ~1.8 * 10^9 s),
+# while every epoch-ms time since March 1973 lies above: the two never overlap. Nothing
+# delayapp schedules is due before 1973, so refusing below it costs nothing. 0 is refused
+# too: it is an unset field (a Java/Go default), not a moment; omit the header instead.
+MIN_TIMESTAMP_MS = 100_000_000_000
 MAX_COUNT = 1_000_000
 MAX_DETAIL_BYTES = 1_000
 MAX_RECORD_ID_LENGTH = 200
@@ -58,6 +80,10 @@ _RECORD_ID = re.compile(r"^[\x21-\x7e]+$")
 
 Headers = Sequence[tuple[str, bytes | None]]
 HeaderList = list[tuple[str, bytes]]
+
+
+class NotEpochMillis(HeaderError):
+    """A time header whose value cannot be epoch milliseconds (seconds given, or 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +142,7 @@ _FIELD_BY_HEADER = {
 _HEADER_BY_FIELD = {v: k for k, v in _FIELD_BY_HEADER.items()}
 assert set(_HEADER_BY_FIELD) == {f.name for f in fields(DelayHeaders)}
 _COUNTS = {TIME_RETRIED, DELAY_HOPS}
+_TIMES = frozenset(TIME_HEADERS)
 
 
 def _decode_ascii(name: str, raw: bytes | None) -> str:
@@ -142,6 +169,14 @@ def _decode_number(name: str, raw: bytes | None) -> int:
     limit = MAX_COUNT if name in _COUNTS else MAX_TIMESTAMP_MS
     if value > limit:
         raise HeaderError(name, f"is out of range: {value} > {limit}")
+    if name in _TIMES and value < MIN_TIMESTAMP_MS:
+        if value == 0:
+            raise NotEpochMillis(name, "is 0, which is not a point in time (an unset field?); omit the header instead")
+        raise NotEpochMillis(
+            name,
+            f"is {value}, before 1973-03-03 if read as epoch milliseconds: epoch seconds given? "
+            f"Time headers are epoch milliseconds (at least {MIN_TIMESTAMP_MS})",
+        )
     return value
 
 
@@ -181,6 +216,27 @@ def decode(headers: Headers | None) -> tuple[DelayHeaders, HeaderList]:
             raise HeaderError(name, "appears more than once")
         values[field] = _decode_value(name, raw)
     return DelayHeaders(**values), passthrough  # type: ignore[arg-type]
+
+
+def strip_never_from_producer(headers: Headers | None) -> tuple[list[tuple[str, bytes | None]], list[str]]:
+    """``headers`` without those a producer must not set (:data:`NEVER_FROM_PRODUCER`), and
+    the names removed (in order, repeats included).
+
+    Stripped rather than refused: the record itself is fine and is routed as if they were
+    absent, so a record copied from a target or a dead-letter topic back to the ingress still
+    works, yet nothing a producer writes can make it wait for ever (``awakeAt``), bypass a
+    rate limit (``throttledUntil``), escape a cancel (``delayedAt``), fake its hop count or
+    pose as a dead letter. Refusing would dead-letter records whose only fault is a header
+    the engine ignores anyway.
+    """
+    kept: list[tuple[str, bytes | None]] = []
+    stripped: list[str] = []
+    for name, raw in headers or ():
+        if name in NEVER_FROM_PRODUCER:
+            stripped.append(name)
+        else:
+            kept.append((name, raw))
+    return kept, stripped
 
 
 def encode(state: DelayHeaders, passthrough: Iterable[tuple[str, bytes]] = ()) -> HeaderList:

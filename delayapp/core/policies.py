@@ -24,6 +24,7 @@ class Reason(str, enum.Enum):
     """Why a record was dead-lettered; the value goes into the ``deadLetterReason`` header."""
 
     MALFORMED_HEADER = "malformed-header"
+    NOT_EPOCH_MS = "not-epoch-ms"  # a time header below 10^11 (before 1973-03-03): epoch seconds, or 0
     MISSING_TARGET = "missing-target"
     MISSING_DUE_TIME = "missing-due-time"
     CONFLICTING_DUE_TIME = "conflicting-due-time"
@@ -112,6 +113,10 @@ class DeadLetter:
 
 Step = Wait | Enqueue | Deliver | DeadLetter
 
+# A consumed record's ``timestamp_type`` (Kafka's record attribute): who set its timestamp.
+CREATE_TIME = 0  # the producer (any clock, possibly back-dated or ahead)
+LOG_APPEND_TIME = 1  # the broker, when it appended the record (topic config message.timestamp.type)
+
 
 def stable_record_id(topic: str, partition: int, offset: int, timestamp_ms: int) -> str:
     """A logical id derived from where a record entered, so re-processing assigns the same id."""
@@ -119,26 +124,47 @@ def stable_record_id(topic: str, partition: int, offset: int, timestamp_ms: int)
 
 
 def admit(
-    state: DelayHeaders, *, now_ms: int, record_timestamp_ms: int, record_id: str, max_overdue_ms: int | None = None
+    state: DelayHeaders,
+    *,
+    now_ms: int,
+    record_timestamp_ms: int,
+    timestamp_type: int,
+    record_id: str,
+    max_overdue_ms: int | None = None,
+    seen_at_ms: int | None = None,
 ) -> DelayHeaders | DeadLetter:
     """Normalise a record entering through the ingress topic.
 
-    Fixes the absolute due time (``reactivateAt`` given, or ``delayMs`` after the record's
-    timestamp, or ``validAt`` alone), and stamps ``recordId``, ``originatedAt``,
-    ``timeRetried`` and ``delayedAt`` when absent. Irremovable headers already present are
-    never changed. A due time more than ``max_overdue_ms`` in the past is refused: it is
-    almost always seconds given where epoch milliseconds are expected.
+    Fixes the absolute due time (``reactivateAt`` given, or ``delayMs`` after the record
+    entered, or ``validAt`` alone), stamps ``recordId``, ``originatedAt`` and ``timeRetried``
+    when absent, and sets the engine's own state: ``delayedAt`` (when it entered),
+    ``delayHops`` 0, no ``awakeAt`` or ``throttledUntil``, whatever the producer wrote there.
+    Irremovable headers already present are never changed. A due time more than
+    ``max_overdue_ms`` in the past is refused: a stale record or a wrong clock (seconds given
+    for milliseconds never get here: :func:`delayapp.core.headers.decode` refuses them).
+
+    When it entered: the record's timestamp if the broker set it (``timestamp_type`` is
+    :data:`LOG_APPEND_TIME`: the ingress topic's append time), which is also ``delayedAt``,
+    what cancels compare with their own append time. On a broker that ignores the topic's
+    timestamp config (:data:`CREATE_TIME`: the producer's clock, possibly back-dated),
+    ``delayMs`` counts from ``seen_at_ms``, when the router first read the record (default
+    ``now_ms``); ``delayedAt`` is then the producer's timestamp capped at that, as a cancel's time is on such a broker (:mod:`delayapp.core.cancel`), so a
+    cancel sent right after the schedule applies even if the router reads the record later,
+    and a timestamp ahead cannot make the record uncancellable.
     """
     if state.reactivate_at is not None and state.delay_ms is not None:
         return DeadLetter(Reason.CONFLICTING_DUE_TIME, "give either reactivateAt or delayMs, not both")
-    # When the producer wrote it; a clock ahead of ours counts from now. Cancellations
-    # compare their own timestamp with this, so a cancel sent after the schedule applies
-    # even when the router admits the record later.
-    base = record_timestamp_ms if 0 < record_timestamp_ms <= now_ms else now_ms
+    if timestamp_type == LOG_APPEND_TIME and record_timestamp_ms > 0:
+        # The broker's append time, even when ahead of our clock: counting from our
+        # (earlier) now would release the record early by the broker's clock.
+        entered = delayed_at = record_timestamp_ms
+    else:
+        entered = now_ms if seen_at_ms is None else seen_at_ms  # never a producer's timestamp: a back-dated one is early
+        delayed_at = min(record_timestamp_ms, entered) if record_timestamp_ms > 0 else entered
     if state.reactivate_at is not None:
         due = state.reactivate_at
     elif state.delay_ms is not None:
-        due = base + state.delay_ms
+        due = entered + state.delay_ms
     elif state.valid_at is not None:
         due = state.valid_at
     else:
@@ -147,17 +173,18 @@ def admit(
         return DeadLetter(
             Reason.OVERDUE,
             f"due {format_duration(now_ms - due)} ago, more than the {format_duration(max_overdue_ms)} accepted; "
-            "due times are epoch milliseconds (seconds given?)",
+            "due times are epoch milliseconds (a stale record, or a producer clock far behind?)",
         )
     return state.evolve(
         record_id=state.record_id or record_id,
         originated_at=state.originated_at if state.originated_at is not None else now_ms,
         time_retried=state.time_retried if state.time_retried is not None else 0,
-        delayed_at=state.delayed_at if state.delayed_at is not None else base,
+        delayed_at=delayed_at,
         reactivate_at=due,
         delay_ms=None,
         awake_at=None,
-        delay_hops=state.delay_hops or 0,
+        delay_hops=0,
+        throttled_until=None,
     )
 
 

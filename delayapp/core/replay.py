@@ -17,11 +17,10 @@ from delayapp.core import headers as h
 REPLAYED_FROM = "replayedFrom"
 """Header a replayed record carries: the dead letter it came from (``topic/partition/offset``)."""
 
-DEAD_LETTER_HEADERS = frozenset(
-    {h.DEAD_LETTER_REASON, h.DEAD_LETTER_DETAIL, h.DEAD_LETTER_AT, h.DEAD_LETTER_FROM, h.DEAD_LETTER_VALUE_DROPPED}
-)
-# Per-hop state the router recomputes: a replayed record re-enters like a new one.
-_RESET_ON_REPLAY = frozenset({h.AWAKE_AT, REPLAYED_FROM})
+DEAD_LETTER_HEADERS = frozenset(h.DEAD_LETTER_HEADERS)
+# The engine's own state (when it entered, next wake-up, hops, a reserved rate-limit slot)
+# and the previous replay's marker: a replayed record re-enters like a new one.
+_RESET_ON_REPLAY = frozenset({*h.ENGINE_STATE, REPLAYED_FROM})
 _DUE_TIME_HEADERS = frozenset({h.REACTIVATE_AT, h.DELAY_MS})
 
 
@@ -43,18 +42,29 @@ def _text(headers: Iterable[tuple[str, bytes | None]], name: str) -> str | None:
     return None if raw is None else raw.decode("utf-8", "replace")
 
 
+def _engine_block(headers: list[tuple[str, bytes | None]]) -> list[tuple[str, bytes | None]]:
+    """The dead-letter headers the engine appended: from the last ``deadLetterReason`` on.
+
+    A dead letter keeps the headers its record was sent with, which may include dead-letter
+    headers a producer set in advance; the engine's own always come last."""
+    starts = [n for n, (name, _) in enumerate(headers) if name == h.DEAD_LETTER_REASON]
+    return headers[starts[-1]:] if starts else []
+
+
 def dead_letter_info(headers: Iterable[tuple[str, bytes | None]] | None) -> DeadLetterInfo:
-    """Read a dead letter's reason, detail, time, origin, target and record id from its headers."""
+    """Read a dead letter's reason, detail, time, origin (the engine's dead-letter headers,
+    never ones its producer set), target and record id from its headers."""
     hs = [(name, None if raw is None else bytes(raw)) for name, raw in headers or ()]
-    at = _text(hs, h.DEAD_LETTER_AT)
+    block = _engine_block(hs)
+    at = _text(block, h.DEAD_LETTER_AT)
     return DeadLetterInfo(
-        reason=_text(hs, h.DEAD_LETTER_REASON),
-        detail=_text(hs, h.DEAD_LETTER_DETAIL),
+        reason=_text(block, h.DEAD_LETTER_REASON),
+        detail=_text(block, h.DEAD_LETTER_DETAIL),
         at_ms=int(at) if at and at.isdigit() else None,
-        origin=_text(hs, h.DEAD_LETTER_FROM),
+        origin=_text(block, h.DEAD_LETTER_FROM),
         target=_text(hs, h.REACTIVATE_TO_TOPIC),
         record_id=_text(hs, h.RECORD_ID),
-        value_dropped=h.header_value(hs, h.DEAD_LETTER_VALUE_DROPPED) is not None,
+        value_dropped=h.header_value(block, h.DEAD_LETTER_VALUE_DROPPED) is not None,
     )
 
 
@@ -107,7 +117,8 @@ def replay_record_headers(
 ) -> list[tuple[str, bytes]] | Skip:
     """Headers for sending a dead letter back to the ingress topic, or why it cannot be.
 
-    The dead-letter headers and the per-hop ``awakeAt`` go; the irremovable headers
+    The dead-letter headers and the engine's own state (``delayedAt``, ``awakeAt``,
+    ``delayHops``, ``throttledUntil``: the router would strip them anyway) go; the irremovable headers
     (``recordId``, ``originatedAt``, ``timeRetried``...) and the user's own headers stay,
     so the record keeps its identity. ``replayedFrom`` names the dead letter. With
     ``delay_ms`` the record gets a new due time, ``now_ms + delay_ms``; otherwise it keeps
@@ -116,7 +127,7 @@ def replay_record_headers(
     hs = [(name, None if raw is None else bytes(raw)) for name, raw in headers or ()]
     if value_is_null:
         return Skip("tombstone: a null value is never delayed")
-    if h.header_value(hs, h.DEAD_LETTER_VALUE_DROPPED) is not None:
+    if h.header_value(_engine_block(hs), h.DEAD_LETTER_VALUE_DROPPED) is not None:
         return Skip("its value was dropped when it was dead-lettered (too large); the original is at deadLetterFrom")
     drop = DEAD_LETTER_HEADERS | _RESET_ON_REPLAY | (_DUE_TIME_HEADERS if delay_ms is not None else frozenset())
     out = [(name, b"" if raw is None else raw) for name, raw in hs if name not in drop]

@@ -17,7 +17,7 @@ from delayapp.core import headers as h
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.partition import credible_awake_at
 from delayapp.core.planner import Planner
-from delayapp.core.policies import DeadLetter, Deliver, Enqueue, Policy, Reason, Wait, admit, route, stable_record_id
+from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME, DeadLetter, Deliver, Enqueue, Policy, Reason, Wait, admit, route, stable_record_id
 from delayapp.core.throttle import DeliverySlots
 from delayapp.engine.topics import TopicLayout
 from delayapp.errors import HeaderError
@@ -58,6 +58,9 @@ class AuditEvent:
         body.update(topic=topic, partition=partition, offset=offset)
         return orjson.dumps(body)
 
+
+FIRST_SEEN_LIMIT = 10_000  # remembered first reads before stale ones are dropped
+FIRST_SEEN_KEEP_MS = 600_000  # far longer than any wait in the router (below the smallest hop)
 
 RECORD_OVERHEAD_BYTES = 70  # a record's framing in a v2 batch, at most
 
@@ -114,6 +117,8 @@ class RecordHandler:
         self.cancellations = cancellations
         self.slots = slots
         self.priority_lane = priority_lane
+        # ingress records without broker time that wait in the router: when it first read them
+        self._first_seen: dict[tuple[str, int, int], int] = {}
 
     def targets(self, records: Iterable[Any], *, now: int) -> set[str]:
         """The target topics ``records`` name (their ``reactivateToTopic``), read without decoding the rest."""
@@ -127,6 +132,21 @@ class RecordHandler:
     def handle(self, record: Any, *, now: int, ingress: bool, max_wait_ms: int = 0) -> Wait | list[Output]:
         """Wait (not due: the partition waits) or the records to produce for ``record``, read from
         a topic whose records wait at most ``max_wait_ms`` (its denomination; 0 for ingress)."""
+        if not ingress or getattr(record, "timestamp_type", CREATE_TIME) == LOG_APPEND_TIME:
+            return self._handle(record, now=now, ingress=ingress, seen_at=now, max_wait_ms=max_wait_ms)
+        # Without the broker's append time, delayMs counts from when the router first read
+        # the record: remembered while it waits here (a hold below the smallest hop, or a
+        # rate-limit slot), else each look would count from a later now and it never comes due.
+        where = (record.topic, record.partition, record.offset)
+        seen_at = self._first_seen.pop(where, now)
+        step = self._handle(record, now=now, ingress=ingress, seen_at=seen_at, max_wait_ms=max_wait_ms)
+        if isinstance(step, Wait):
+            if len(self._first_seen) >= FIRST_SEEN_LIMIT:  # left by records revoked while waiting
+                self._first_seen = {k: t for k, t in self._first_seen.items() if now - t < FIRST_SEEN_KEEP_MS}
+            self._first_seen[where] = seen_at
+        return step
+
+    def _handle(self, record: Any, *, now: int, ingress: bool, seen_at: int, max_wait_ms: int) -> Wait | list[Output]:
         source = f"{record.topic}/{record.partition}/{record.offset}"
         if record.value is None:
             verdict = DeadLetter(Reason.TOMBSTONE, "null value (tombstone): a delayed delete would be applied out of order, so it is not delayed")
@@ -135,15 +155,23 @@ class RecordHandler:
         if size > self.max_record_bytes:
             verdict = DeadLetter(Reason.OVERSIZE, f"record of {size} bytes exceeds the {self.max_record_bytes} bytes accepted; value dropped here, original at {source}")
             return [self.dead_letter(record, verdict, now=now, state=None, drop_value=True)]
+        # At ingress, headers only delayapp writes are dropped before anything reads them
+        # (see headers.strip_never_from_producer); dead letters still keep the record as sent.
+        headers = h.strip_never_from_producer(record.headers)[0] if ingress else record.headers
         try:
-            state, passthrough = h.decode(record.headers)
+            state, passthrough = h.decode(headers)
         except HeaderError as exc:
-            return [self.dead_letter(record, DeadLetter(Reason.MALFORMED_HEADER, str(exc)), now=now, state=None)]
+            reason = Reason.NOT_EPOCH_MS if isinstance(exc, h.NotEpochMillis) else Reason.MALFORMED_HEADER
+            return [self.dead_letter(record, DeadLetter(reason, str(exc)), now=now, state=None)]
         if ingress:
             admitted = admit(
                 state,
                 now_ms=now,
+                seen_at_ms=seen_at,
                 record_timestamp_ms=record.timestamp or 0,
+                # 1 (LogAppendTime) when the broker applies the ingress topic's config; records
+                # that do not say (compat translations) count from seen_at, never from a producer
+                timestamp_type=getattr(record, "timestamp_type", CREATE_TIME),
                 record_id=stable_record_id(record.topic, record.partition, record.offset, record.timestamp or 0),
                 max_overdue_ms=self.policy.max_overdue_ms,
             )

@@ -300,7 +300,11 @@ class HopLoop(Service):
                 if tp in assigned and records:  # assigned, commit not loaded yet: come back to these
                     consumer.seek(tp, records[0].offset)
                 continue
-            part.add(Pending(r.offset, r, self._awake_at(r, fetched_at), record_size(r.key, r.value, r.headers)) for r in records)
+            # an ingress record's awakeAt is a producer's: never waited for (the handler strips it)
+            part.add(
+                Pending(r.offset, r, None if self.ingress else self._awake_at(r, fetched_at), record_size(r.key, r.value, r.headers))
+                for r in records
+            )
             self.stats.consumed += len(records)
 
     def _awake_at(self, record: Any, fetched_at: int) -> int | None:

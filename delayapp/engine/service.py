@@ -136,7 +136,7 @@ class DelayEngine(Service):
 
     async def on_start(self) -> None:
         s = self.settings
-        if s.allowed_target_patterns == ("*",):
+        if s.require_allowed_targets() == ("*",):
             log.warning("allowed targets: * (any topic); set DELAYAPP_ALLOWED_TARGETS to restrict where records may go")
         await bootstrap_topics(s, self.layout)
         await probe_transactions(s, required=s.processing_guarantee is Guarantee.EXACTLY_ONCE)
@@ -288,7 +288,8 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
     admin = AIOKafkaAdminClient(**s.kafka_client_kwargs())
     await admin.start()
     try:
-        specs = topic_specs(layout, partitions=s.partitions, margin_ms=s.retention_margin, dead_letter_retention_ms=s.dead_letter_retention)
+        specs = topic_specs(layout, partitions=s.partitions, margin_ms=s.retention_margin, dead_letter_retention_ms=s.dead_letter_retention,
+                            max_delay_ms=s.max_delay)
         return await ensure_topics(admin, specs, create=s.create_topics, replication_factor=s.replication_factor, margin_ms=s.retention_margin)
     finally:
         await admin.close()

@@ -16,6 +16,10 @@ from delayapp.errors import TopicLayoutError
 log = logging.getLogger(__name__)
 
 WEEK_MS = 7 * 86_400_000
+DAY_MS = 86_400_000
+TIMESTAMP_TYPE = "message.timestamp.type"
+LOG_APPEND_TIME = "LogAppendTime"  # record timestamps are the broker's append time
+CLEANUP_POLICY = "cleanup.policy"
 
 
 @dataclass(frozen=True)
@@ -101,44 +105,82 @@ class TopicLayout:
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """A topic to create or check: records dwell in it at most ``dwell_ms`` (plus lag)."""
+    """A topic to create or check: records dwell in it at most ``dwell_ms`` (plus lag).
+
+    ``compacted`` keeps the latest record per key; with a ``retention_ms`` above 0 as well
+    (``compact,delete``) records older than it go too. ``log_append_time``: record
+    timestamps are the broker's append time, never a producer's.
+    """
 
     name: str
     partitions: int
     dwell_ms: int
     retention_ms: int
     compacted: bool = False
-    broker_time: bool = False  # message.timestamp.type=LogAppendTime: record timestamps are the broker's clock
+    log_append_time: bool = False
 
     def required_retention_ms(self, margin_ms: int) -> int:
         """Retention below this risks deleting records before they are processed."""
         return self.dwell_ms + margin_ms
 
+    @property
+    def cleanup_policy(self) -> str:
+        """The ``cleanup.policy`` it is created with."""
+        if not self.compacted:
+            return "delete"
+        return "compact,delete" if self.retention_ms > 0 else "compact"
 
-def topic_specs(layout: TopicLayout, *, partitions: int, margin_ms: int, dead_letter_retention_ms: int) -> list[TopicSpec]:
-    """The specs of every delayapp topic; created topics keep at least a week."""
 
-    def spec(name: str, dwell: int, retention: int | None = None) -> TopicSpec:
-        return TopicSpec(name, partitions, dwell, retention or max(WEEK_MS, dwell + margin_ms))
+def topic_specs(
+    layout: TopicLayout, *, partitions: int, margin_ms: int, dead_letter_retention_ms: int, max_delay_ms: int | None = None
+) -> list[TopicSpec]:
+    """The specs of every delayapp topic; created topics keep at least a week.
 
+    Topics whose record timestamps delayapp reads as "when it entered" use broker append
+    time: the ingress topics (``delayMs`` counts from it), the delay topics and the cancel
+    topic (a cancel applies to what entered before it). With ``max_delay_ms``, the cancel
+    topic also deletes cancels older than the longest delay plus a day (they have nothing
+    left to cancel); without it, it is compacted only.
+    """
+
+    def spec(name: str, dwell: int, retention: int | None = None, *, broker_time: bool = False) -> TopicSpec:
+        return TopicSpec(name, partitions, dwell, retention or max(WEEK_MS, dwell + margin_ms), log_append_time=broker_time)
+
+    cancel = (
+        TopicSpec(layout.cancellations, partitions, 0, -1, compacted=True, log_append_time=True)
+        if max_delay_ms is None
+        else TopicSpec(
+            layout.cancellations, partitions, max_delay_ms, max(max_delay_ms + DAY_MS, max_delay_ms + margin_ms),
+            compacted=True, log_append_time=True,
+        )
+    )
     return [
-        spec(layout.ingress, 0),
-        *(spec(name, 0) for name in layout.compat_topics),
-        *(spec(name, d) for d, name in layout.delay_topics.items()),
-        *(spec(name, d) for d, name in layout.priority_topics.items()),
+        spec(layout.ingress, 0, broker_time=True),
+        *(spec(name, 0, broker_time=True) for name in layout.compat_topics),
+        *(spec(name, d, broker_time=True) for d, name in layout.delay_topics.items()),
+        *(spec(name, d, broker_time=True) for d, name in layout.priority_topics.items()),
         spec(layout.dead_letter, dead_letter_retention_ms - margin_ms, dead_letter_retention_ms),
         spec(layout.audit, 0),
-        # compacted: retention does not apply (the latest value per key is kept for ever)
-        *(TopicSpec(name, partitions, 0, -1, compacted=True, broker_time=name == layout.clock) for name in layout.compacted_topics),
+        cancel,
+        # compacted only: retention does not apply (the latest value per key is kept for ever)
+        TopicSpec(layout.dead_letter_replayed, partitions, 0, -1, compacted=True),
+        # one probe per worker (key = its instance id), stamped by the broker: see core/clock.py
+        TopicSpec(layout.clock, partitions, 0, -1, compacted=True, log_append_time=True),
     ]
 
 
-def retention_problems(specs: list[TopicSpec], actual_retention_ms: dict[str, int], margin_ms: int) -> list[str]:
-    """Human sentences for every topic whose retention (-1 = forever) is too short."""
+def retention_problems(
+    specs: list[TopicSpec], actual_retention_ms: dict[str, int], margin_ms: int, cleanup_policies: dict[str, str] | None = None
+) -> list[str]:
+    """Human sentences for every topic whose retention (-1 = forever) is too short.
+
+    A compacted topic is checked only where its ``cleanup.policy`` (from ``cleanup_policies``)
+    also deletes: compaction alone keeps each key's latest value whatever retention.ms says.
+    """
     problems = []
     for spec in specs:
-        if spec.compacted:
-            continue  # compaction keeps each key's latest value whatever retention.ms says
+        if spec.compacted and "delete" not in (cleanup_policies or {}).get(spec.name, ""):
+            continue
         actual = actual_retention_ms.get(spec.name)
         need = spec.required_retention_ms(margin_ms)
         if actual is not None and actual >= 0 and actual < need:
@@ -150,17 +192,47 @@ def retention_problems(specs: list[TopicSpec], actual_retention_ms: dict[str, in
     return problems
 
 
+def config_warnings(specs: list[TopicSpec], configs: dict[str, dict[str, str]]) -> list[str]:
+    """Sentences for topics that exist with a config delayapp would not create them with, but
+    can run with: record timestamps set by producers, a cancel topic that never deletes.
+
+    ``configs`` is what the broker reports per topic (a topic or config it does not report
+    gives no warning)."""
+    warnings = []
+    for spec in specs:
+        actual = configs.get(spec.name, {})
+        kind = actual.get(TIMESTAMP_TYPE)
+        if spec.log_append_time and kind is not None and kind != LOG_APPEND_TIME:
+            warnings.append(
+                f"topic {spec.name} has {TIMESTAMP_TYPE}={kind}: its record timestamps are set by producers, so delayapp "
+                "counts delayMs and cancels from its own clock when it reads them instead of the broker's append time; "
+                f"set {TIMESTAMP_TYPE}={LOG_APPEND_TIME} on it (kafka-configs --alter --entity-type topics "
+                f"--entity-name {spec.name} --add-config {TIMESTAMP_TYPE}={LOG_APPEND_TIME})"
+            )
+        policy = actual.get(CLEANUP_POLICY)
+        if spec.compacted and spec.retention_ms > 0 and policy is not None and "delete" not in policy:
+            warnings.append(
+                f"topic {spec.name} has {CLEANUP_POLICY}={policy}: old cancels are never deleted from it (workers still "
+                f"skip them); set {CLEANUP_POLICY}=compact,delete and retention.ms={spec.retention_ms}"
+            )
+    return warnings
+
+
 def _topic_configs(spec: TopicSpec) -> dict[str, str]:
-    configs = {"cleanup.policy": "compact"} if spec.compacted else {"retention.ms": str(spec.retention_ms), "cleanup.policy": "delete"}
-    if spec.broker_time:
-        configs["message.timestamp.type"] = "LogAppendTime"
+    configs = {CLEANUP_POLICY: spec.cleanup_policy}
+    if spec.retention_ms > 0 or not spec.compacted:
+        configs["retention.ms"] = str(spec.retention_ms)
+    if spec.log_append_time:
+        configs[TIMESTAMP_TYPE] = LOG_APPEND_TIME
     return configs
 
 
 async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec], *, create: bool, replication_factor: int, margin_ms: int) -> list[str]:
     """Create missing topics (when allowed), then refuse a layout whose retention is too short.
 
-    Returns the names created. Raises :class:`TopicLayoutError` listing every problem.
+    Returns the names created. Raises :class:`TopicLayoutError` listing every problem; logs a
+    warning for each existing topic whose timestamps or cleanup differ from what delayapp
+    creates (see :func:`config_warnings`).
     """
     existing = set(await admin.list_topics())
     missing = [s for s in specs if s.name not in existing]
@@ -177,25 +249,38 @@ async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec], *, c
                 raise TopicLayoutError(f"could not create topic {name}: error code {code}")
         log.info("created topics: %s", ", ".join(s.name for s in missing))
     try:
-        actual = await describe_retention(admin, [s.name for s in specs])
+        configs = await describe_topic_configs(admin, [s.name for s in specs], ["retention.ms", CLEANUP_POLICY, TIMESTAMP_TYPE])
     except KafkaError as exc:
         # Tansu closes the connection on DescribeConfigs (and applies no retention at all).
-        log.warning("broker does not report topic configs (%s): retention of delayapp topics NOT verified", type(exc).__name__)
+        log.warning(
+            "broker does not report topic configs (%s): retention and timestamp type of delayapp topics NOT verified",
+            type(exc).__name__,
+        )
         return [s.name for s in missing]
-    problems = retention_problems(specs, actual, margin_ms)
+    actual = {name: int(c["retention.ms"]) for name, c in configs.items() if "retention.ms" in c}
+    policies = {name: c[CLEANUP_POLICY] for name, c in configs.items() if CLEANUP_POLICY in c}
+    problems = retention_problems(specs, actual, margin_ms, policies)
     if problems:
         raise TopicLayoutError("refusing to start, records could be deleted before they are due:\n  " + "\n  ".join(problems))
+    for warning in config_warnings(specs, configs):
+        log.warning("%s", warning)
     return [s.name for s in missing]
 
 
-async def describe_retention(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
-    """``retention.ms`` of each topic, as the broker reports it (absent if unreported)."""
-    resources = [ConfigResource(ConfigResourceType.TOPIC, name, configs={"retention.ms": None}) for name in names]
-    out: dict[str, int] = {}
+async def describe_topic_configs(admin: AIOKafkaAdminClient, names: list[str], keys: list[str]) -> dict[str, dict[str, str]]:
+    """The configs ``keys`` of each topic, as the broker reports them (absent if unreported)."""
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name, configs={key: None for key in keys}) for name in names]
+    out: dict[str, dict[str, str]] = {}
     for response in await admin.describe_configs(resources):
         for resource in response.resources:
             name, entries = resource[3], resource[4]
             for entry in entries:
-                if entry[0] == "retention.ms" and entry[1] is not None:
-                    out[name] = int(entry[1])
+                if entry[0] in keys and entry[1] is not None:
+                    out.setdefault(name, {})[entry[0]] = entry[1]
     return out
+
+
+async def describe_retention(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+    """``retention.ms`` of each topic, as the broker reports it (absent if unreported)."""
+    configs = await describe_topic_configs(admin, names, ["retention.ms"])
+    return {name: int(c["retention.ms"]) for name, c in configs.items() if "retention.ms" in c}

@@ -34,6 +34,7 @@ class Worker(WorkerProcess):
                 "DELAYAPP_SESSION_TIMEOUT_MS": str(SESSION_MS),
                 "DELAYAPP_HEARTBEAT_INTERVAL_MS": "1500",
                 "DELAYAPP_MAX_DELAY": "1h",
+                "DELAYAPP_ALLOWED_TARGETS": "*",  # a worker needs it; tests that care set their own
                 **embedded_broker_env(os.environ.get("DELAYAPP_TEST_BROKER")),
                 **env,
             },

@@ -125,12 +125,13 @@ BAD_INPUTS = [
     ("malformed-header", {h.DELAY_MS: b"-5"}),
     ("missing-target", {"_no_target": b"", h.DELAY_MS: b"10"}),
     ("missing-due-time", {}),
-    ("conflicting-due-time", {h.DELAY_MS: b"10", h.REACTIVATE_AT: b"1"}),
+    ("conflicting-due-time", {h.DELAY_MS: b"10", h.REACTIVATE_AT: b"1000000000000"}),
     ("target-not-allowed", {"_target": b"not-allowed-topic", h.DELAY_MS: b"10"}),
     ("target-loop", {"_target": b"{prefix}.ingress", h.DELAY_MS: b"10"}),
     ("unknown-target", {"_target": b"it-other", h.DELAY_MS: b"10"}),
     ("retries-exhausted", {h.TIME_RETRIED: b"99", h.DELAY_MS: b"10"}),
-    ("expired", {h.EXPIRE_AT: b"1000", h.DELAY_MS: b"10"}),
+    ("expired", {h.EXPIRE_AT: b"1000000000000", h.DELAY_MS: b"10"}),  # 2001 (below 1973 would be not-epoch-ms)
+    ("not-epoch-ms", {h.VALID_AT: b"1800000000", h.DELAY_MS: b"10"}),  # seconds
     ("delay-too-long", {h.DELAY_MS: str(2 * 3_600_000).encode()}),
 ]
 

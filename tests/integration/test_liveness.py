@@ -25,7 +25,7 @@ async def test_stalled_partition_is_detected_reported_and_recovered(bootstrap: s
     prefix, target = unique("live"), unique("live-target-")
     settings = load_settings(
         broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1,
-        liveness_threshold="2s", session_timeout_ms=6000, heartbeat_interval_ms=1500,
+        liveness_threshold="2s", session_timeout_ms=6000, heartbeat_interval_ms=1500, allowed_targets="live-target-*",
     )
     layout = TopicLayout(prefix, settings.ladder)
     await bootstrap_topics(settings, layout)

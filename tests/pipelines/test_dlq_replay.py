@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 def test_replay_selected_dead_letters_once(spark, bootstrap, engine, tmp_path, capsys):
     target, other = unique("replay-target-"), unique("replay-other-")
     make_topics(bootstrap, target, other)
-    overdue = [(h.REACTIVATE_AT, b"1000")]  # epoch 1970: dead-lettered as overdue
+    overdue = [(h.REACTIVATE_AT, b"1000000000000")]  # 2001, long past: dead-lettered as overdue
     records = [{"key": b"o%d" % i, "value": b"v%d" % i, "headers": [(h.REACTIVATE_TO_TOPIC, target.encode()), *overdue, ("trace", b"t%d" % i)]} for i in range(6)]
     records += [{"key": b"x%d" % i, "value": b"x", "headers": [(h.REACTIVATE_TO_TOPIC, other.encode()), *overdue]} for i in range(2)]
     records += [{"key": b"m%d" % i, "value": b"m", "headers": [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"soon")]} for i in range(2)]

@@ -33,6 +33,7 @@ class Rec:
     key: bytes | None
     value: bytes | None
     headers: list
+    timestamp_type: int = 0  # CreateTime; 1 = LogAppendTime (the broker's append time)
 
 
 header_values = st.one_of(st.none(), st.binary(max_size=24), st.integers(-10, 2 * 10**13).map(lambda i: str(i).encode()))

@@ -7,7 +7,9 @@ import pytest
 from delayapp.core.headers import DelayHeaders
 from delayapp.core.ladder import Ladder
 from delayapp.core.planner import Hop, Planner
-from delayapp.core.policies import DeadLetter, Deliver, Enqueue, Policy, Reason, Wait, admit, route, stable_record_id
+from delayapp.core.policies import (
+    CREATE_TIME, LOG_APPEND_TIME, DeadLetter, Deliver, Enqueue, Policy, Reason, Wait, admit, route, stable_record_id,
+)
 
 NOW = 1_800_000_000_000
 PLANNER = Planner(Ladder.parse("1s,5s,1m"))
@@ -18,7 +20,10 @@ POLICY = Policy(
 
 
 def admitted(**fields) -> DelayHeaders:
-    state = admit(DelayHeaders(**{"reactivate_to_topic": "orders", **fields}), now_ms=NOW, record_timestamp_ms=NOW - 100, record_id="rid")
+    state = admit(
+        DelayHeaders(**{"reactivate_to_topic": "orders", **fields}),
+        now_ms=NOW, record_timestamp_ms=NOW - 100, timestamp_type=LOG_APPEND_TIME, record_id="rid",
+    )
     assert isinstance(state, DelayHeaders), state
     return state
 
@@ -30,14 +35,17 @@ def step(state: DelayHeaders, now: int = NOW, known=None):
 def test_admit_stamps_irremovable_headers_once() -> None:
     state = admitted(delay_ms=7_000)
     assert state.record_id == "rid" and state.originated_at == NOW and state.time_retried == 0
-    assert state.reactivate_at == NOW - 100 + 7_000  # relative to the record's timestamp
-    assert state.delay_ms is None and state.delayed_at == NOW - 100  # when the producer wrote it
+    assert state.reactivate_at == NOW - 100 + 7_000  # relative to the ingress append time
+    assert state.delay_ms is None and state.delayed_at == NOW - 100  # when the broker appended it
     again = admitted(delay_ms=7_000, record_id="given", originated_at=5, time_retried=2)
     assert (again.record_id, again.originated_at, again.time_retried) == ("given", 5, 2)
 
 
 def test_admit_counts_delay_from_now_when_producer_clock_is_ahead() -> None:
-    state = admit(DelayHeaders(reactivate_to_topic="orders", delay_ms=10), now_ms=NOW, record_timestamp_ms=NOW + 60_000, record_id="r")
+    state = admit(
+        DelayHeaders(reactivate_to_topic="orders", delay_ms=10),
+        now_ms=NOW, record_timestamp_ms=NOW + 60_000, timestamp_type=CREATE_TIME, record_id="r",
+    )
     assert state.reactivate_at == NOW + 10
 
 
@@ -49,7 +57,9 @@ def test_admit_counts_delay_from_now_when_producer_clock_is_ahead() -> None:
     ],
 )
 def test_admit_refuses(fields, reason) -> None:
-    verdict = admit(DelayHeaders(reactivate_to_topic="orders", **fields), now_ms=NOW, record_timestamp_ms=NOW, record_id="r")
+    verdict = admit(
+        DelayHeaders(reactivate_to_topic="orders", **fields), now_ms=NOW, record_timestamp_ms=NOW, timestamp_type=LOG_APPEND_TIME, record_id="r",
+    )
     assert isinstance(verdict, DeadLetter) and verdict.reason is reason
 
 

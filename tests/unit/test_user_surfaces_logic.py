@@ -11,7 +11,7 @@ from delayapp.core import headers as h
 from delayapp.core.cancel import CancelRequest, applies_to, decode_cancel, encode_cancel
 from delayapp.core.ladder import Ladder
 from delayapp.core.planner import Planner
-from delayapp.core.policies import Policy, Wait
+from delayapp.core.policies import LOG_APPEND_TIME, Policy, Wait
 from delayapp.core.throttle import DeliverySlots, parse_rates
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.stats import percentile, window_figures
@@ -96,11 +96,13 @@ def test_a_record_back_from_its_slot_is_delivered_without_a_new_token() -> None:
 
 
 def test_cancel_records_round_trip_and_plain_producers_can_cancel() -> None:
-    key, value = encode_cancel(CancelRequest("r-1", NOW, "changed mind", "me"))
-    assert decode_cancel(key, value, 0) == CancelRequest("r-1", NOW, "changed mind", "me")
-    assert decode_cancel(b"r-2", b"", NOW) == CancelRequest("r-2", NOW)  # kcat -K: with an empty value
-    assert decode_cancel(b"r-3", b"not json", NOW).cancelled_at == NOW
-    assert decode_cancel(b"r-4", None, NOW) is None  # tombstone: withdrawn
+    key, value = encode_cancel(CancelRequest("r-1", NOW - 5_000, "changed mind", "me"))
+    appended = {"timestamp_ms": NOW, "timestamp_type": LOG_APPEND_TIME, "now_ms": NOW + 50}
+    # the body's cancelled_at (the canceller's clock) is not what counts: the append time is
+    assert decode_cancel(key, value, **appended) == CancelRequest("r-1", NOW, "changed mind", "me")
+    assert decode_cancel(b"r-2", b"", **appended) == CancelRequest("r-2", NOW)  # kcat -K: with an empty value
+    assert decode_cancel(b"r-3", b"not json", **appended).cancelled_at == NOW
+    assert decode_cancel(b"r-4", None, **appended) is None  # tombstone: withdrawn
 
 
 def test_a_cancel_applies_to_copies_scheduled_before_it_only() -> None:
@@ -114,8 +116,10 @@ def test_a_cancelled_record_is_dropped_with_a_cancelled_audit_event() -> None:
     hd = handler(cancellations=cancels.get)
     [out] = hd.handle(record(0, record_id="r", reactivate_at=NOW + 9_000), now=NOW, ingress=True)
     assert out.topic is None and out.audit.status == "cancelled" and out.audit.record_id == "r"
-    [later] = hd.handle(record(1, record_id="r", delayed_at=NOW + 1, reactivate_at=NOW + 9_000), now=NOW + 2, ingress=True)
-    assert later.topic == "u.delay.5s", "a copy scheduled after the cancel is not cancelled"
+    later = record(1, record_id="r", reactivate_at=NOW + 9_000)
+    later.timestamp, later.timestamp_type = NOW + 1, LOG_APPEND_TIME  # appended to the ingress after the cancel
+    [out] = hd.handle(later, now=NOW + 2, ingress=True)
+    assert out.topic == "u.delay.5s", "a copy scheduled after the cancel is not cancelled"
 
 
 # -- priority lane --------------------------------------------------------------------------
