@@ -45,6 +45,7 @@ class DelayApp(faust.App):
         return faust_driver.Transport(self.conf.broker_consumer, self)
 
     async def on_first_start(self) -> None:
+        settings.require_allowed_targets()  # refuse before touching Kafka
         await super().on_first_start()
         created = await bootstrap_topics(settings, layout)
         if created:

@@ -165,7 +165,7 @@ async def create_missing_topics(settings: Settings, layout: TopicLayout) -> list
 async def check_topics(settings: Settings, layout: TopicLayout) -> TopicsReport:
     """Every delayapp topic: exists, partitions, retention against what it needs."""
     specs = topic_specs(layout, partitions=settings.partitions, margin_ms=settings.retention_margin,
-                        dead_letter_retention_ms=settings.dead_letter_retention)
+                        dead_letter_retention_ms=settings.dead_letter_retention, max_delay_ms=settings.max_delay)
     admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
     await admin.start()
     try:

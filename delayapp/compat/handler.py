@@ -32,6 +32,7 @@ class TranslatedRecord:
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes]]
+    timestamp_type: int = 0  # 1: the timestamp is the broker's append time (delayMs counts from it)
 
 
 class TranslatingHandler:
@@ -47,7 +48,10 @@ class TranslatingHandler:
         result = self.translate(record, now)
         if isinstance(result, DeadLetter):
             return result
-        return TranslatedRecord(record.topic, record.partition, record.offset, record.timestamp, record.key, result.value, result.headers)
+        return TranslatedRecord(
+            record.topic, record.partition, record.offset, record.timestamp, record.key, result.value, result.headers,
+            getattr(record, "timestamp_type", 0),
+        )
 
     def targets(self, records: Iterable[Any], *, now: int) -> set[str]:
         """The target topics ``records`` name once translated (untranslatable ones name none)."""

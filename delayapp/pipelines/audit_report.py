@@ -67,6 +67,12 @@ def header_text(name: str) -> Column:
     return F.try_element_at(F.filter("headers", lambda x: x["key"] == F.lit(name)), F.lit(1))["value"].cast("string")
 
 
+def last_header_text(name: str) -> Column:
+    """The last value of header ``name``: the engine appends its dead-letter headers after the
+    record's own, so a value a producer forged in advance is never the one read."""
+    return F.try_element_at(F.filter("headers", lambda x: x["key"] == F.lit(name)), F.lit(-1))["value"].cast("string")
+
+
 def audit_events(context: JobContext, since_ms: int | None, until_ms: int | None) -> DataFrame:
     """Audit events, parsed and de-duplicated, with their denomination."""
     raw = context.read_topic(context.layout.audit)
@@ -79,9 +85,9 @@ def audit_events(context: JobContext, since_ms: int | None, until_ms: int | None
 def dead_letters(context: JobContext, since_ms: int | None, until_ms: int | None) -> DataFrame:
     """Dead letters with reason, time (deadLetterAt, else the record timestamp) and target."""
     raw = context.read_topic(context.layout.dead_letter)
-    at = F.coalesce(header_text(h.DEAD_LETTER_AT).try_cast("long"), F.unix_millis("timestamp"))
+    at = F.coalesce(last_header_text(h.DEAD_LETTER_AT).try_cast("long"), F.unix_millis("timestamp"))
     frame = raw.select(
-        F.coalesce(header_text(h.DEAD_LETTER_REASON), F.lit("unknown")).alias("reason"),
+        F.coalesce(last_header_text(h.DEAD_LETTER_REASON), F.lit("unknown")).alias("reason"),
         at.alias("at"),
         F.coalesce(header_text(h.REACTIVATE_TO_TOPIC), F.lit("(none)")).alias("target"),
         F.concat_ws("/", "topic", "partition", "offset").alias("dead_letter"),

@@ -32,7 +32,9 @@ def _audit(prefix: str) -> list[dict]:
 def _dead_letters(prefix: str) -> list[dict]:
     out = []
     for i, reason in enumerate(["expired"] * 3 + ["malformed-header"] * 2 + ["retries-exhausted"]):
-        headers = h.dead_letter_headers([(h.REACTIVATE_TO_TOPIC, b"orders")], reason=reason, detail="why", now_ms=T0 + i * 600_000, source=f"{prefix}.ingress/0/{i}")
+        # the first record came with a forged reason; the engine's own headers come last
+        own = [(h.REACTIVATE_TO_TOPIC, b"orders")] + ([(h.DEAD_LETTER_REASON, b"forged")] if i == 0 else [])
+        headers = h.dead_letter_headers(own, reason=reason, detail="why", now_ms=T0 + i * 600_000, source=f"{prefix}.ingress/0/{i}")
         out.append({"value": b"payload", "headers": headers})
     return out
 
