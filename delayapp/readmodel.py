@@ -1,9 +1,10 @@
 """The read model: per logical record id, its latest known step, built from the audit stream.
 
-Re-processing is harmless here (idempotent upserts keyed by the event's ``seq``), which is
-why this, unlike moving records, is a Faust agent writing a changelogged Faust table.
+Re-processing is harmless here (idempotent upserts: a step replaces the state only if it
+is further along, see :func:`step_order`), which is why this, unlike moving records, is a
+Faust agent writing a changelogged Faust table.
 
-Exactness rests on three things, not on ``seq`` alone:
+Exactness rests on three things:
 
 1. only committed audit events are applied: under exactly_once an aborted batch's events
    (a hop decided, then undone by a crash) can carry a higher ``seq`` than the step the redo
@@ -11,8 +12,9 @@ Exactness rests on three things, not on ``seq`` alone:
    :mod:`delayapp.faust_driver`);
 2. a source offset is committed only once the table writes of the events before it are
    acknowledged (same module), so a SIGKILL never loses an applied update;
-3. every event of one record id travels on one audit partition, in the order its steps
-   were committed, so the highest ``seq`` seen is the record's real latest step.
+3. every event of one record id travels on one audit partition, so each worker sees a
+   record's steps in the order they were committed; a redo under at_least_once can still
+   commit a lower step after a higher one, which :func:`step_order` ranks right.
 """
 
 from __future__ import annotations
@@ -45,9 +47,22 @@ def should_drop(current: dict[str, Any] | None, event: dict[str, Any]) -> bool:
     return current is not None and current.get("status") in FINAL and int(current.get("seq", -1)) == int(event.get("seq", -2))
 
 
+def step_order(event: dict[str, Any]) -> tuple[int, bool, int]:
+    """How far along its life ``event`` puts a record: its retry generation first, then
+    whether it left delayapp (delivered, dead-lettered, cancelled), then its ``seq``.
+
+    A final step outranks any ``waiting`` step of the same generation: once a generation is
+    delivered, a ``waiting`` of it can only be a copy an at-least-once redo left behind (a
+    batch hopped the record on, its commit was lost, the redo found it due and delivered it,
+    at a lower ``seq``). That copy, when it arrives, is delivered again and says so.
+    """
+    return int(event.get("retries") or 0), event.get("status") in FINAL, int(event.get("seq", -1))
+
+
 def merge_record_state(current: dict[str, Any] | None, event: dict[str, Any]) -> dict[str, Any] | None:
-    """The new state for ``event``, or None when it is not newer than ``current`` (a replay)."""
-    if current is not None and int(event.get("seq", -1)) <= int(current.get("seq", -1)):
+    """The new state for ``event``, or None when it is not further along than ``current``
+    (a replay, or a step a redo made stale; see :func:`step_order`)."""
+    if current is not None and step_order(event) <= step_order(current):
         return None
     return {name: event.get(name) for name in FIELDS}
 

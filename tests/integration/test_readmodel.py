@@ -48,8 +48,14 @@ async def record_view(worker: Worker, record_id: str) -> dict | None:
 
 
 async def test_an_aborted_audit_event_never_reaches_the_record_states_table(bootstrap: str) -> None:
-    """A crash aborts a batch that had hopped the record (``waiting`` at hop 3); the redo finds
-    it due and delivers it at hop 2, a lower ``seq``. The table must say delivered."""
+    """Two crashes abort a batch after its audit events were written:
+
+    * rx: the aborted batch hopped the record on (``waiting`` at hop 3); the redo found it due
+      and delivered it at hop 2, a lower ``seq``. The table must say delivered.
+    * ry: the aborted batch delivered the record; the redo hopped it on instead (its delivery
+      slot had gone to another record). The table must say waiting at hop 3.
+
+    No ordering of steps gets both right from what a read_uncommitted reader sees."""
     reason = await broker_transactions(bootstrap)
     if reason is not None:
         pytest.skip(f"broker lacks usable transactions ({reason}); run with DELAYAPP_TEST_BROKER=<real Kafka>")
@@ -60,19 +66,22 @@ async def test_an_aborted_audit_event_never_reaches_the_record_states_table(boot
         await worker.wait_ready()
         await txn.start()
         topic = f"{prefix}.audit"
-        async with txn.transaction():  # the first attempt, committed: the record waits at hop 2
-            await txn.send_and_wait(topic, audit("rx", "waiting", retries=2, hops=2), key=b"rx")
-        await txn.begin_transaction()  # the crashed attempt: hopped on, then aborted
-        await txn.send_and_wait(topic, audit("rx", "waiting", retries=2, hops=3), key=b"rx")
-        await txn.abort_transaction()
-        async with txn.transaction():  # the redo: delivered at hop 2
-            await txn.send_and_wait(topic, audit("rx", "delivered", retries=2, hops=2), key=b"rx")
-        async with txn.transaction():  # a later record, so we know the agent read past the redo
-            await txn.send_and_wait(topic, audit("ry", "delivered", retries=0, hops=1), key=b"ry")
 
-        await wait_for(lambda: record_view(worker, "ry"), 60, "the agent to read past the redo")
-        state = await record_view(worker, "rx")
-        assert state is not None and (state["status"], state["hops"], state["retries"]) == ("delivered", 2, 2), state
+        async def batch(*events: tuple[str, bytes], commit: bool = True) -> None:
+            await txn.begin_transaction()
+            for key, value in events:
+                await txn.send_and_wait(topic, value, key=key.encode())
+            await (txn.commit_transaction() if commit else txn.abort_transaction())
+
+        await batch(("rx", audit("rx", "waiting", retries=2, hops=2)), ("ry", audit("ry", "waiting", retries=0, hops=2)))
+        await batch(("rx", audit("rx", "waiting", retries=2, hops=3)), ("ry", audit("ry", "delivered", retries=0, hops=2)), commit=False)
+        await batch(("rx", audit("rx", "delivered", retries=2, hops=2)), ("ry", audit("ry", "waiting", retries=0, hops=3)))
+        await batch(("rz", audit("rz", "delivered", retries=0, hops=1)))  # so we know the agent read past the redo
+
+        await wait_for(lambda: record_view(worker, "rz"), 60, "the agent to read past the redo")
+        rx, ry = await record_view(worker, "rx"), await record_view(worker, "ry")
+        assert rx is not None and (rx["status"], rx["hops"], rx["retries"]) == ("delivered", 2, 2), rx
+        assert ry is not None and (ry["status"], ry["hops"]) == ("waiting", 3), ry
     finally:
         await txn.stop()
         worker.stop()

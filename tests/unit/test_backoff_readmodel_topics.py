@@ -27,7 +27,7 @@ def test_merge_is_idempotent_and_keeps_the_latest_step() -> None:
     assert state["status"] == "delivered"
     assert merge_record_state(state, hop) is None  # replay of an older step changes nothing
     assert merge_record_state(state, done) is None  # replay of the same step changes nothing
-    retried = {"record_id": "r", "status": "waiting", "seq": audit_seq(1, 1, "waiting")}
+    retried = {"record_id": "r", "status": "waiting", "seq": audit_seq(1, 1, "waiting"), "retries": 1}
     assert merge_record_state(state, retried)["status"] == "waiting"
 
 
