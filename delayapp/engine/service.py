@@ -40,6 +40,7 @@ TOPIC_REFRESH_S = 1.0
 LAG_SAMPLE_S = 5.0
 CLOCK_PROBE_S = 2.0  # well inside GuardedClock's sample window
 SKEW_WARNING_MS = 1_000
+SKEW_WARNING_EVERY_S = 60.0  # a skewed clock stays skewed: say so once a minute, not every probe
 
 
 def build_policy(settings: Settings, layout: TopicLayout) -> Policy:
@@ -129,6 +130,7 @@ class DelayEngine(Service):
         self.metrics = EngineMetrics()
         self.clock = GuardedClock()  # every loop's "now": never ahead of the broker's clock
         self._clock_producer: AIOKafkaProducer | None = None
+        self._skew_warned_at = -SKEW_WARNING_EVERY_S
         self.loops: list[HopLoop] = []
         self.lag: dict[str, int] = {}  # topic -> records not yet processed, cluster-wide
         self._producer: AIOKafkaProducer | None = None
@@ -196,7 +198,8 @@ class DelayEngine(Service):
             log.debug("clock probe failed: %s", exc)
             return
         skew = self.clock.skew_ms()
-        if skew is not None and abs(skew) > SKEW_WARNING_MS:
+        if skew is not None and abs(skew) > SKEW_WARNING_MS and time.monotonic() - self._skew_warned_at >= SKEW_WARNING_EVERY_S:
+            self._skew_warned_at = time.monotonic()
             log.warning(
                 "this worker's clock is %d ms %s the broker's: %s", abs(skew), "ahead of" if skew > 0 else "behind",
                 "due times follow the broker's clock (never early)" if skew > 0 else "records are released late by as much; check NTP",

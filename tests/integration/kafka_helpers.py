@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from aiokafka import AIOKafkaProducer
 
 from delayapp.chaos.procs import TopicCollector as Collector, WorkerProcess, create_topics, embedded_broker_env, unique, wait_for
 
-__all__ = ["Collector", "Worker", "create_topics", "producer", "unique", "wait_for", "TEST_LADDER", "SESSION_MS"]
+__all__ = [
+    "Collector", "Worker", "broker_transactions", "create_topics", "producer", "unique", "wait_for", "TEST_LADDER", "SESSION_MS",
+]
 
 TEST_LADDER = "200ms,1s,3s"
 SESSION_MS = 6_000
+
+
+async def broker_transactions(bootstrap: str) -> str | None:
+    """None if the broker commits aiokafka transactions, else the reason it does not."""
+    topic = unique("probe-topic-")
+    await create_topics(bootstrap, topic, partitions=1)  # delayapp's clients never auto-create one
+    probe = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("probe-"))
+    try:
+        await asyncio.wait_for(probe.start(), 30)
+        async with probe.transaction():
+            await probe.send_and_wait(topic, b"x")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        await probe.stop()
+    return None
 
 
 async def producer(bootstrap: str) -> AIOKafkaProducer:

@@ -23,11 +23,11 @@ from delayapp.core import headers as h
 from delayapp.core.planner import Planner
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.loop import HopLoop
-from delayapp.engine.service import bootstrap_topics, build_policy, probe_transactions
+from delayapp.engine.service import bootstrap_topics, build_policy
 from delayapp.engine.topics import TopicLayout
 from delayapp.settings import load_settings
 
-from .kafka_helpers import Collector, Worker, create_topics, producer, unique, wait_for
+from .kafka_helpers import broker_transactions, Collector, Worker, create_topics, producer, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,10 +57,6 @@ async def broker_stamps_append_time(bootstrap: str) -> bool:
     finally:
         await p.stop()
     return sent.timestamp_type == 1 and sent.timestamp != 1_000_000_000_000
-
-
-async def broker_runs_transactions(bootstrap: str) -> bool:
-    return await probe_transactions(load_settings(broker=bootstrap, topic_prefix=unique("probe")), required=False)
 
 
 async def needs_topic_configs(bootstrap: str) -> None:
@@ -121,7 +117,7 @@ async def test_a_record_its_target_refuses_is_dead_lettered_once_and_the_loop_ca
     exactly_once the transaction is aborted and redone, never reopening the loop; the next record
     to the same target is delivered once."""
     await needs_topic_configs(bootstrap)
-    if guarantee == "exactly_once" and not await broker_runs_transactions(bootstrap):
+    if guarantee == "exactly_once" and await broker_transactions(bootstrap) is not None:
         pytest.skip("the broker refuses transactions")
     prefix, target = unique("refuse"), unique("refuse-target-")
     await create_topic(bootstrap, target, **{"max.message.bytes": "2000"})
@@ -236,7 +232,7 @@ async def test_a_worker_whose_clock_runs_five_seconds_ahead_releases_nothing_ear
 async def test_another_producers_open_transaction_is_not_a_stall(bootstrap: str) -> None:
     """Finding 6: under read_committed, records behind another producer's open transaction cannot
     be read yet; the watchdog must not take that for a stall (nor reopen or rewind the loop)."""
-    if not await broker_runs_transactions(bootstrap):
+    if await broker_transactions(bootstrap) is not None:
         pytest.skip("the broker refuses transactions")
     prefix, target = unique("otx"), unique("otx-target-")
     settings = load_settings(broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1,

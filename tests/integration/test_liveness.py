@@ -61,7 +61,7 @@ async def test_an_awake_at_beyond_the_topics_denomination_is_re_planned_not_wait
     prefix, target = unique("wedge"), unique("wedge-target-")
     settings = load_settings(
         broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1, release_ahead=False,
-        session_timeout_ms=6000, heartbeat_interval_ms=1500,
+        allowed_targets="wedge-target-*", session_timeout_ms=6000, heartbeat_interval_ms=1500,
     )
     layout = TopicLayout(prefix, settings.ladder)
     await bootstrap_topics(settings, layout)

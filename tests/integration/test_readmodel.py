@@ -13,25 +13,9 @@ from aiokafka import AIOKafkaProducer
 from delayapp import faust_driver
 from delayapp.engine.handler import AuditEvent, audit_seq, now_ms
 
-from .kafka_helpers import Collector, Worker, create_topics, producer, unique, wait_for
+from .kafka_helpers import broker_transactions, Collector, Worker, create_topics, producer, unique, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-async def broker_transactions(bootstrap: str) -> str | None:
-    """None if the broker commits and aborts aiokafka transactions, else the reason it does not."""
-    topic = unique("rm-probe-")
-    await create_topics(bootstrap, topic, partitions=1)  # delayapp's clients never auto-create one
-    probe = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("rm-probe-"))
-    try:
-        await asyncio.wait_for(probe.start(), 30)
-        async with probe.transaction():
-            await probe.send_and_wait(topic, b"x")
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        await probe.stop()
-    return None
 
 
 def audit(record_id: str, status: str, *, retries: int, hops: int, at: int | None = None) -> bytes:

@@ -7,29 +7,12 @@ import subprocess
 import sys
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from delayapp.core import headers as h
 
-from .kafka_helpers import Collector, Worker, create_topics, producer, unique, wait_for
+from .kafka_helpers import broker_transactions, Collector, Worker, create_topics, producer, unique, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-async def broker_transactions(bootstrap: str) -> str | None:
-    """None if the broker runs aiokafka transactions, else the reason it does not."""
-    topic = unique("probe-topic-")
-    await create_topics(bootstrap, topic, partitions=1)  # delayapp's clients never auto-create one
-    probe = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("probe-"))
-    try:
-        await asyncio.wait_for(probe.start(), 15)
-        async with probe.transaction():
-            await probe.send_and_wait(topic, b"x")
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        await probe.stop()
-    return None
 
 
 @pytest.mark.parametrize(
