@@ -88,3 +88,34 @@ async def test_an_awake_at_beyond_the_topics_denomination_is_re_planned_not_wait
     finally:
         await collector.stop()
         await hop_loop.stop()
+
+
+async def test_a_batch_whose_writes_outlast_the_emit_timeout_reopens_the_loop(bootstrap: str) -> None:
+    """Finding 6: a batch's writes and commit have a time limit. With a limit no write can meet,
+    each batch times out and the loop reopens its clients (from the committed offsets), rather
+    than hanging on the batch for ever."""
+    prefix, target = unique("hang"), unique("hang-target-")
+    settings = load_settings(
+        broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1, emit_timeout="1ms",
+        allowed_targets="hang-target-*", session_timeout_ms=6000, heartbeat_interval_ms=1500,
+    )
+    layout = TopicLayout(prefix, settings.ladder)
+    await bootstrap_topics(settings, layout)
+    await create_topics(bootstrap, target, partitions=1)
+    handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
+    delay_topic = layout.delay_topic(1000)
+    hop_loop = HopLoop(name="delay-1s", topic=delay_topic, group_id=f"{prefix}.delay.1s", handler=handler, settings=settings,
+                       audit_topic=None, max_wait_ms=1000)
+    await hop_loop.start()
+    try:
+        now = str(time.time_ns() // 1_000_000).encode()
+        p = await producer(bootstrap)
+        try:
+            headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, now), (h.AWAKE_AT, now)]
+            await p.send_and_wait(delay_topic, b"due now", key=b"k", headers=headers)
+        finally:
+            await p.stop()
+        await wait_for(lambda: hop_loop.stats.restarts >= 2, 30, "the loop to reopen after timed-out batches")
+        assert hop_loop.stats.commits == 0, "a timed-out batch must not count as committed"
+    finally:
+        await hop_loop.stop()
