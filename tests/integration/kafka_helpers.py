@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from delayapp.core.planner import Planner
+from delayapp.engine.handler import RecordHandler
+from delayapp.engine.loop import HopLoop
+from delayapp.engine.service import bootstrap_topics, build_policy
+from delayapp.engine.topics import TopicLayout
+from delayapp.settings import load_settings
 from delayapp.chaos.procs import TopicCollector as Collector, WorkerProcess, create_topics, embedded_broker_env, unique, wait_for
 
 __all__ = [
-    "Collector", "Worker", "broker_transactions", "create_topics", "producer", "unique", "wait_for", "TEST_LADDER", "SESSION_MS",
+    "Collector", "Worker", "broker_transactions", "create_topics", "one_second_loop", "producer", "unique", "wait_for",
+    "TEST_LADDER", "SESSION_MS",
 ]
 
 TEST_LADDER = "200ms,1s,3s"
@@ -31,6 +39,25 @@ async def broker_transactions(bootstrap: str) -> str | None:
     finally:
         await probe.stop()
     return None
+
+
+async def one_second_loop(bootstrap: str, name: str, **settings: Any) -> tuple[HopLoop, str, str]:
+    """A started in-process loop on a fresh 1 s delay topic (one partition) that delivers to a
+    fresh target topic: (the loop, its topic, the target). Callers stop the loop."""
+    prefix, target = unique(name), unique(f"{name}-target-")
+    s = load_settings(
+        broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1, allowed_targets=f"{name}-target-*",
+        session_timeout_ms=SESSION_MS, heartbeat_interval_ms=1500, **settings,
+    )
+    layout = TopicLayout(prefix, s.ladder)
+    await bootstrap_topics(s, layout)
+    await create_topics(bootstrap, target, partitions=1)
+    handler = RecordHandler(layout=layout, planner=Planner(s.ladder), policy=build_policy(s, layout))
+    topic = layout.delay_topic(1000)
+    hop_loop = HopLoop(name="delay-1s", topic=topic, group_id=f"{prefix}.delay.1s", handler=handler, settings=s,
+                       audit_topic=None, max_wait_ms=1000)
+    await hop_loop.start()
+    return hop_loop, topic, target
 
 
 async def producer(bootstrap: str) -> AIOKafkaProducer:

@@ -27,7 +27,7 @@ from delayapp.engine.service import bootstrap_topics, build_policy
 from delayapp.engine.topics import TopicLayout
 from delayapp.settings import load_settings
 
-from .kafka_helpers import broker_transactions, Collector, Worker, create_topics, producer, unique, wait_for
+from .kafka_helpers import one_second_loop, broker_transactions, Collector, Worker, create_topics, producer, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -234,18 +234,7 @@ async def test_another_producers_open_transaction_is_not_a_stall(bootstrap: str)
     be read yet; the watchdog must not take that for a stall (nor reopen or rewind the loop)."""
     if await broker_transactions(bootstrap) is not None:
         pytest.skip("the broker refuses transactions")
-    prefix, target = unique("otx"), unique("otx-target-")
-    settings = load_settings(broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1,
-                             allowed_targets="otx-target-*", liveness_threshold="1s", processing_guarantee="exactly_once",
-                             session_timeout_ms=6000, heartbeat_interval_ms=1500)
-    layout = TopicLayout(prefix, settings.ladder)
-    await bootstrap_topics(settings, layout)
-    await create_topics(bootstrap, target, partitions=1)
-    handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
-    topic = layout.delay_topic(1000)
-    hop_loop = HopLoop(name="delay-1s", topic=topic, group_id=f"{prefix}.delay.1s", handler=handler, settings=settings,
-                       audit_topic=None, max_wait_ms=1000)
-    await hop_loop.start()
+    hop_loop, topic, target = await one_second_loop(bootstrap, "otx", liveness_threshold="1s", processing_guarantee="exactly_once")
     other = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("otx-other-"))
     await other.start()
     collector = await Collector(bootstrap, [target]).start()
@@ -255,7 +244,7 @@ async def test_another_producers_open_transaction_is_not_a_stall(bootstrap: str)
         headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, due), (h.AWAKE_AT, due)]
         await other.begin_transaction()
         await other.send_and_wait(topic, b"in an open transaction", key=b"k", headers=headers)
-        observed_until = time.monotonic() + 4 * settings.liveness_threshold / 1000
+        observed_until = time.monotonic() + 4 * hop_loop.settings.liveness_threshold / 1000
         await wait_for(lambda: time.monotonic() > observed_until or hop_loop.stats.stalls, 30, "the watchdog to look several times")
         assert hop_loop.stats.stalls == 0 and hop_loop.stats.rewinds == 0 and hop_loop.stats.restarts == 0
         await other.commit_transaction()

@@ -9,31 +9,14 @@ import time
 import pytest
 
 from delayapp.core import headers as h
-from delayapp.core.planner import Planner
-from delayapp.engine.handler import RecordHandler
-from delayapp.engine.loop import HopLoop
-from delayapp.engine.service import bootstrap_topics, build_policy
-from delayapp.engine.topics import TopicLayout
-from delayapp.settings import load_settings
 
-from .kafka_helpers import Collector, create_topics, producer, unique, wait_for
+from .kafka_helpers import one_second_loop, Collector, producer, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 async def test_stalled_partition_is_detected_reported_and_recovered(bootstrap: str) -> None:
-    prefix, target = unique("live"), unique("live-target-")
-    settings = load_settings(
-        broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1,
-        liveness_threshold="2s", session_timeout_ms=6000, heartbeat_interval_ms=1500, allowed_targets="live-target-*",
-    )
-    layout = TopicLayout(prefix, settings.ladder)
-    await bootstrap_topics(settings, layout)
-    await create_topics(bootstrap, target, partitions=1)
-    handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
-    delay_topic = layout.delay_topic(1000)
-    hop_loop = HopLoop(name="delay-1s", topic=delay_topic, group_id=f"{prefix}.delay.1s", handler=handler, settings=settings, audit_topic=None)
-    await hop_loop.start()
+    hop_loop, delay_topic, target = await one_second_loop(bootstrap, "live", liveness_threshold="2s")
     collector = await Collector(bootstrap, [target]).start()
     try:
         await wait_for(lambda: hop_loop._consumer is not None and hop_loop._consumer.assignment(), 30, "the loop's assignment")
@@ -58,19 +41,7 @@ async def test_an_awake_at_beyond_the_topics_denomination_is_re_planned_not_wait
     """A record written into the 1 s topic claims it sleeps an hour (forged, or a skewed clock):
     no record there legitimately waits more than 1 s, so it is re-planned at once and delivered
     at its due time, and the record behind it (same partition) is not held either."""
-    prefix, target = unique("wedge"), unique("wedge-target-")
-    settings = load_settings(
-        broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1, release_ahead=False,
-        allowed_targets="wedge-target-*", session_timeout_ms=6000, heartbeat_interval_ms=1500,
-    )
-    layout = TopicLayout(prefix, settings.ladder)
-    await bootstrap_topics(settings, layout)
-    await create_topics(bootstrap, target, partitions=1)
-    handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
-    delay_topic = layout.delay_topic(1000)
-    hop_loop = HopLoop(name="delay-1s", topic=delay_topic, group_id=f"{prefix}.delay.1s", handler=handler, settings=settings,
-                       audit_topic=None, max_wait_ms=1000)
-    await hop_loop.start()
+    hop_loop, delay_topic, target = await one_second_loop(bootstrap, "wedge", release_ahead=False)
     collector = await Collector(bootstrap, [target]).start()
     try:
         now = time.time_ns() // 1_000_000
@@ -94,19 +65,7 @@ async def test_a_batch_whose_writes_outlast_the_emit_timeout_reopens_the_loop(bo
     """Finding 6: a batch's writes and commit have a time limit. With a limit no write can meet,
     each batch times out and the loop reopens its clients (from the committed offsets), rather
     than hanging on the batch for ever."""
-    prefix, target = unique("hang"), unique("hang-target-")
-    settings = load_settings(
-        broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1, emit_timeout="1ms",
-        allowed_targets="hang-target-*", session_timeout_ms=6000, heartbeat_interval_ms=1500,
-    )
-    layout = TopicLayout(prefix, settings.ladder)
-    await bootstrap_topics(settings, layout)
-    await create_topics(bootstrap, target, partitions=1)
-    handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
-    delay_topic = layout.delay_topic(1000)
-    hop_loop = HopLoop(name="delay-1s", topic=delay_topic, group_id=f"{prefix}.delay.1s", handler=handler, settings=settings,
-                       audit_topic=None, max_wait_ms=1000)
-    await hop_loop.start()
+    hop_loop, delay_topic, target = await one_second_loop(bootstrap, "hang", emit_timeout="1ms")
     try:
         now = str(time.time_ns() // 1_000_000).encode()
         p = await producer(bootstrap)
