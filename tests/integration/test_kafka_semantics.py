@@ -23,7 +23,7 @@ from delayapp.core import headers as h
 from delayapp.core.planner import Planner
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.loop import HopLoop
-from delayapp.engine.service import bootstrap_topics, build_policy
+from delayapp.engine.service import bootstrap_topics, build_policy, keeps_commit_metadata
 from delayapp.engine.topics import TopicLayout
 from delayapp.settings import load_settings
 
@@ -253,3 +253,39 @@ async def test_another_producers_open_transaction_is_not_a_stall(bootstrap: str)
         await collector.stop()
         await other.stop()
         await hop_loop.stop()
+
+
+async def test_a_new_owner_skips_what_its_predecessor_released_ahead(bootstrap: str) -> None:
+    """Finding 3: records released ahead of a waiting head are named in the commit metadata; the
+    next owner loads that before it serves the partition, so it releases them again never, and
+    the head once, when due."""
+    first, topic, target = await one_second_loop(bootstrap, "ahead")
+    if not await keeps_commit_metadata(first.settings, topic):
+        await first.stop()
+        pytest.skip("the broker drops offset-commit metadata (the embedded broker does)")
+    collector = await Collector(bootstrap, [target]).start()
+    second = None
+    try:
+        now = now_ms()
+        p = await producer(bootstrap)
+        try:
+            for n, awake in enumerate([now + 1_900] + [now] * 5):  # a head not due yet, five due behind it
+                headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(awake).encode()),
+                           (h.AWAKE_AT, str(awake).encode())]
+                await p.send_and_wait(topic, str(n).encode(), key=b"one-partition", headers=headers)
+        finally:
+            await p.stop()
+        await wait_for(lambda: len(collector.on(target)) >= 5, 20, "the five released ahead")
+        await wait_for(lambda: first.stats.commits >= 1, 10, "their commit")
+        await first.stop()  # before the head is due: the next owner must deliver it, and only it
+        assert [r.value for r in collector.on(target)] == [b"1", b"2", b"3", b"4", b"5"]
+        second = HopLoop(name="delay-1s", topic=topic, group_id=first.group_id, handler=first.handler, settings=first.settings,
+                         audit_topic=None, max_wait_ms=1000)
+        await second.start()
+        await wait_for(lambda: len(collector.on(target)) >= 6, 30, "the head, from the new owner")
+        await wait_for(lambda: second.stats.commits >= 1, 10, "the new owner's commit")
+        assert sorted(r.value for r in collector.on(target)) == [b"0", b"1", b"2", b"3", b"4", b"5"], "released twice"
+    finally:
+        await collector.stop()
+        if second is not None:
+            await second.stop()
