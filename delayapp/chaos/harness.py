@@ -289,9 +289,41 @@ class ChaosRun:
             state = table.get(rid)
             if state is None or state.get("status") != "delivered" or state.get("retries") != recount:
                 mismatches.append((rid, recount, state))
-        for rid, recount, state in mismatches[:10]:
-            log.error("record-states disagrees for %s: timeRetried %d delivered, table holds %s", rid, recount, state)
+        if mismatches:
+            await self._explain_mismatches(bootstrap, mismatches[:5], collector.on(changelog))
         return len(mismatches), len(deliveries)
+
+    async def _explain_mismatches(self, bootstrap: str, mismatches: list[tuple[str, int, dict | None]], changelog: list[Any]) -> None:
+        """Log, for a few disagreeing ids, every audit event and changelog write of theirs, so
+        a failed run says whether a step was never audited, never applied or overwritten."""
+        audit = f"{self.prefix}.audit"
+        collector = await TopicCollector(bootstrap, [audit]).start()
+        seen: list[int] = []
+
+        def settled() -> bool:  # no new audit records for two polls in a row
+            seen.append(len(collector.records))
+            return len(seen) > 2 and seen[-1] == seen[-3] and seen[-1] > 0
+
+        try:
+            await wait_for(settled, 60, "the audit topic to be read", interval=1.0)
+        except AssertionError:
+            pass
+        finally:
+            await collector.stop()
+        for rid, recount, state in mismatches:
+            steps = []
+            for record in collector.on(audit):
+                if record.key and record.key.decode() == rid:
+                    event = orjson.loads(record.value)
+                    steps.append((record.partition, record.offset, event.get("status"), event.get("hops"), event.get("seq")))
+            writes = [
+                (r.partition, r.offset, orjson.loads(r.value).get("status") if r.value else None, r.timestamp)
+                for r in changelog if r.key and r.key.decode() == rid
+            ]
+            log.error(
+                "record-states disagrees for %s: timeRetried %d delivered, table holds %s; audit (partition, offset, "
+                "status, hops, seq): %s; changelog (partition, offset, status, written): %s", rid, recount, state, steps, writes,
+            )
 
     # -- the run ---------------------------------------------------------------------------------
 
