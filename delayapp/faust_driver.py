@@ -1,5 +1,6 @@
 """The Faust transport delayapp's app runs on: Faust's aiokafka driver with two changes that
-make the ``record-states`` read model exact under SIGKILL.
+make the ``record-states`` read model exact under SIGKILL (and a recovery seek that cannot
+crash the worker, see :class:`ConsumerThread`).
 
 1. **Its consumer reads committed data only.** Faust asks for ``read_committed`` only when it
    runs its own transactions (``processing_guarantee="exactly_once"``, which delayapp does not
@@ -56,6 +57,13 @@ class ConsumerThread(driver.AIOKafkaConsumerThread):
 
     def _create_worker_consumer(self, transport: Any) -> AIOKafkaConsumer:
         return read_committed(super()._create_worker_consumer(transport))
+
+    async def _seek_wait(self, consumer: AIOKafkaConsumer, partitions: Any) -> None:
+        # Faust's recovery seeks a changelog partition to its earliest offset minus one, and asks
+        # for -2 when the broker had no earliest offset to give mid-rebalance; aiokafka refuses a
+        # negative offset and the worker crashed (seen in chaos runs on both brokers). Reading
+        # that changelog from its start is what Faust's own -1 means.
+        await super()._seek_wait(consumer, {tp: max(offset, 0) for tp, offset in partitions.items()})
 
 
 class Consumer(driver.Consumer):

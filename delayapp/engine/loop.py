@@ -581,8 +581,8 @@ class HopLoop(Service):
         acked_at = monotonic_ms()
         audits = []
         for (tp, entry, output), result in zip(flat, results):
-            if isinstance(result, BaseException):
-                result = await self._send_undeliverable(tp, entry, output, result)
+            if isinstance(result, BaseException):  # refused for good: its dead letter (and audit event) instead
+                output, result = await self._send_undeliverable(tp, entry, output, result)
             elif result is not None and result.timestamp_type == 1:  # LogAppendTime: the broker's clock
                 self.clock.observe(result.timestamp, acked_at)
             self._count(output)
@@ -593,10 +593,10 @@ class HopLoop(Service):
         if audits:
             await asyncio.gather(*audits)
 
-    async def _send_undeliverable(self, tp: TopicPartition, entry: Pending, output: Output, error: BaseException) -> Any:
+    async def _send_undeliverable(self, tp: TopicPartition, entry: Pending, output: Output, error: BaseException) -> tuple[Output, Any]:
         """A write the broker refuses for good goes to the dead letters (without its value if
-        even that is refused), pointing at the consumed record; anything that may succeed
-        later is raised, so the batch is retried."""
+        even that is refused), pointing at the consumed record: the dead letter written and where
+        it went are returned. Anything that may succeed later is raised, so the batch is retried."""
         if not refused_for_good(error) or output.topic == self.handler.layout.dead_letter:
             if output.topic is not None and self.on_target_failed is not None:
                 self.on_target_failed(output.topic)  # perhaps gone: the next pass checks it again
@@ -609,7 +609,7 @@ class HopLoop(Service):
         for drop_value in (False, True):
             dead = self.handler.refused(entry.record, verdict, now=self.clock(), drop_value=drop_value)
             try:
-                return await (await self._send(dead.topic, dead.value, dead.key, dead.headers))
+                return dead, await (await self._send(dead.topic, dead.value, dead.key, dead.headers))
             except KafkaError as exc:
                 if drop_value or not refused_for_good(exc):
                     raise

@@ -125,11 +125,11 @@ async def test_a_record_its_target_refuses_is_dead_lettered_once_and_the_loop_ca
     collector = None
     try:
         await worker.wait_ready()
-        collector = await Collector(bootstrap, [target, f"{prefix}.dlq"]).start()
+        collector = await Collector(bootstrap, [target, f"{prefix}.dlq", f"{prefix}.audit"]).start()
         p = await producer(bootstrap)
         try:
             due = now_ms() + 500
-            await schedule(p, target, b"x" * 5_000, key=b"big", at=due, ingress_topic=f"{prefix}.ingress")
+            await schedule(p, target, b"x" * 5_000, key=b"big", at=due, record_id="big-1", ingress_topic=f"{prefix}.ingress")
             await schedule(p, target, b"small", key=b"small", at=due + 1_500, ingress_topic=f"{prefix}.ingress")
         finally:
             await p.stop()
@@ -141,6 +141,8 @@ async def test_a_record_its_target_refuses_is_dead_lettered_once_and_the_loop_ca
         source = h.header_value(dead.headers, h.DEAD_LETTER_FROM).decode()
         assert source.startswith(f"{prefix}.") and not source.endswith("/-1/-1"), source
         assert "loop failed" not in worker.log, "a refused record reopened a loop"
+        steps = [orjson.loads(r.value)["status"] for r in collector.on(f"{prefix}.audit") if r.key == b"big-1"]
+        assert steps and steps[-1] == "dead_lettered" and "delivered" not in steps, steps
     finally:
         if collector is not None:
             await collector.stop()
