@@ -176,7 +176,7 @@ async def test_audit_stream_feeds_the_record_states_table(bootstrap: str, engine
     collector = await Collector(bootstrap, [target, changelog, f"{engine.prefix}.audit"]).start()
     p = await producer(bootstrap)
     try:
-        await schedule(p, target, b"tracked", key=b"t", delay=1_300, record_id="tracked-1", ingress_topic=f"{engine.prefix}.ingress")
+        await schedule(p, target, b"tracked", key=b"t", delay=2_500, record_id="tracked-1", ingress_topic=f"{engine.prefix}.ingress")
     finally:
         await p.stop()
 
