@@ -26,13 +26,13 @@ def embedded_broker_env(external_broker: str | None) -> dict[str, str]:
     return {} if external_broker else {"DELAYAPP_RECOVERY_CONSISTENCY_CHECK": "false"}
 
 
-async def create_topics(bootstrap: str, *names: str, partitions: int = 3) -> None:
-    """Create topics, leaving alone those that exist."""
+async def create_topics(bootstrap: str, *names: str, partitions: int = 3, configs: dict[str, str] | None = None) -> None:
+    """Create topics (with topic ``configs``, if given), leaving alone those that exist."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        new = [NewTopic(name, partitions, 1) for name in names if name not in existing]
+        new = [NewTopic(name, partitions, 1, topic_configs=configs or {}) for name in names if name not in existing]
         if new:
             await admin.create_topics(new)
     finally:

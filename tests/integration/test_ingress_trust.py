@@ -17,7 +17,7 @@ import time
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from delayapp.client import cancel, schedule
@@ -283,12 +283,7 @@ async def test_an_existing_topic_with_producer_timestamps_is_reported_not_fatal(
     from delayapp.settings import load_settings
 
     prefix = unique("ctm")
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(f"{prefix}.ingress", 1, 1, topic_configs={"message.timestamp.type": "CreateTime"})])
-    finally:
-        await admin.close()
+    await create_topics(bootstrap, f"{prefix}.ingress", partitions=1, configs={"message.timestamp.type": "CreateTime"})
     configs = await topic_configs(bootstrap, [f"{prefix}.ingress"])
     if isinstance(configs, str):
         pytest.skip(f"the broker does not report topic configs ({configs}); the worker logs that they are not verified")

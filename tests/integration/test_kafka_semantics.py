@@ -15,7 +15,7 @@ import time
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError
 
 from delayapp.client import schedule
@@ -38,19 +38,10 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-async def create_topic(bootstrap: str, name: str, partitions: int = 1, **configs: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs)])
-    finally:
-        await admin.close()
-
-
 async def broker_stamps_append_time(bootstrap: str) -> bool:
     """Whether the broker applies topic configs: a LogAppendTime topic's records carry its clock."""
     name = unique("probe-lat-")
-    await create_topic(bootstrap, name, **{"message.timestamp.type": "LogAppendTime"})
+    await create_topics(bootstrap, name, partitions=1, configs={"message.timestamp.type": "LogAppendTime"})
     p = await producer(bootstrap)
     try:
         sent = await p.send_and_wait(name, b"probe", timestamp_ms=1_000_000_000_000)
@@ -120,7 +111,7 @@ async def test_a_record_its_target_refuses_is_dead_lettered_once_and_the_loop_ca
     if guarantee == "exactly_once" and await broker_transactions(bootstrap) is not None:
         pytest.skip("the broker refuses transactions")
     prefix, target = unique("refuse"), unique("refuse-target-")
-    await create_topic(bootstrap, target, **{"max.message.bytes": "2000"})
+    await create_topics(bootstrap, target, partitions=1, configs={"max.message.bytes": "2000"})
     worker = Worker(bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS="refuse-target-*", DELAYAPP_PROCESSING_GUARANTEE=guarantee).start()
     collector = None
     try:
@@ -203,7 +194,7 @@ async def test_a_worker_whose_clock_runs_five_seconds_ahead_releases_nothing_ear
     if not os.path.exists(FAKETIME_LIB) or shutil.which("faketime") is None:
         pytest.skip("libfaketime is not installed (Debian package faketime)")
     prefix, target = unique("skew"), unique("skew-target-")
-    await create_topic(bootstrap, target, partitions=2, **{"message.timestamp.type": "LogAppendTime"})
+    await create_topics(bootstrap, target, partitions=2, configs={"message.timestamp.type": "LogAppendTime"})
     worker = Worker(
         bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS="skew-target-*",
         LD_PRELOAD=FAKETIME_LIB, FAKETIME="+5s", FAKETIME_DONT_FAKE_MONOTONIC="1", FAKETIME_DONT_RESET="1",

@@ -122,15 +122,8 @@ async def test_worker_refuses_a_delay_topic_whose_retention_is_shorter_than_its_
     reason = await broker_describes_configs(bootstrap)
     if reason is not None:
         pytest.skip(f"broker does not report topic configs ({reason}); the worker logs that retention is not verified")
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
     prefix = unique("ret")
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(f"{prefix}.delay.3s", 1, 1, topic_configs={"retention.ms": "1000"})])
-    finally:
-        await admin.close()
+    await create_topics(bootstrap, f"{prefix}.delay.3s", partitions=1, configs={"retention.ms": "1000"})
     worker = Worker(bootstrap, prefix).start()
     try:
         await wait_for(lambda: worker.process.poll() is not None, 60, "the worker to refuse the layout")
