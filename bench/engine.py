@@ -41,7 +41,7 @@ async def hop_throughput(bootstrap: str, count: int, *, audit: bool, partitions:
     await preload(bootstrap, topic, count, lambda i: [*base, (h.RECORD_ID, f"id-{i}".encode())])
     handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
     loop = HopLoop(name="delay-1s", topic=topic, group_id=f"{prefix}.delay.1s", handler=handler, settings=settings,
-                   audit_topic=layout.audit if audit else None)
+                   audit_topic=layout.audit if audit else None, states_topic=layout.record_states if audit else None)
     await loop.start()
     try:
         while loop.stats.consumed == 0:

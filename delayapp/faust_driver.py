@@ -1,14 +1,15 @@
-"""The Faust transport delayapp's app runs on: Faust's aiokafka driver with two changes that
-make the ``record-states`` read model exact under SIGKILL (and a recovery seek that cannot
-crash the worker, see :class:`ConsumerThread`).
+"""The Faust transport delayapp's app runs on, for the agents and tables users add to it:
+Faust's aiokafka driver with two changes that keep a table exact under SIGKILL (and a
+recovery seek that cannot crash the worker, see :class:`ConsumerThread`). delayapp's own
+read model is not a Faust table (:mod:`delayapp.readmodel` says why).
 
 1. **Its consumer reads committed data only.** Faust asks for ``read_committed`` only when it
    runs its own transactions (``processing_guarantee="exactly_once"``, which delayapp does not
-   use: it wrote outputs outside the transaction). But the engine writes the audit stream
-   inside each hop's transaction under exactly_once, and an aborted batch's events can carry
-   a higher ``seq`` than the step the redo really took; read uncommitted, the table kept the
-   aborted step for ever. Non-transactional topics (changelogs, at_least_once audit events)
-   read the same either way; an open transaction holds readers back until it ends.
+   use: it wrote outputs outside the transaction). But the engine writes its outputs (targets,
+   audit stream) inside each hop's transaction under exactly_once, and an aborted batch's
+   records are a hop that never happened; read uncommitted, an agent would act on it.
+   Non-transactional topics read the same either way; an open transaction holds readers
+   back until it ends.
 2. **Its producer's ``flush()`` waits for every message handed to it before the call.** Faust
    commits a source offset right after ``producer.flush()``, trusting it to have written the
    table updates of the events before that offset. Faust's own flush gives up after 0.1 s

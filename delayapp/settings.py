@@ -76,7 +76,7 @@ class Settings(BaseSettings):
         86_400_000, description="retention every topic needs beyond the longest a record dwells in it (duration)"
     )
     dead_letter_retention: int = Field(14 * 86_400_000, description="retention of the dead-letter topic (duration)")
-    audit_enabled: bool = Field(True, description="publish the delivery audit stream (ids and times, no payload)")
+    audit_enabled: bool = Field(True, description="publish the delivery audit stream and the record-states topic the read model folds (ids and times, no payload)")
 
     # -- governance ---------------------------------------------------------------------------
     max_delay: int = Field(7 * 86_400_000, description="longest delay accepted (duration); longer is dead-lettered")
@@ -115,11 +115,11 @@ class Settings(BaseSettings):
     emit_timeout: int = Field(60_000, description="longest a batch's writes and commit may take before the loop reopens (duration)")
 
     # -- Faust --------------------------------------------------------------------------------
-    store: str = Field("memory://", description="Faust table store (memory:// or rocksdb://)")
+    store: str = Field("memory://", description="store of the Faust tables your own agents add (memory:// or rocksdb://); delayapp keeps none")
     web_host: str = Field("127.0.0.1", description="host of the Faust web server")
     web_port: int = Field(6066, description="port of the Faust web server")
     web_canonical_url: str | None = Field(
-        None, description="URL other workers reach this one at (table-routed views); default http://<web_host>:<web_port>"
+        None, description="URL other workers reach this one at (Faust's table-routed views); default http://<web_host>:<web_port>"
     )
     recovery_consistency_check: bool = Field(
         True, description="Faust's table-recovery offset check; false on the embedded broker, whose wrong end offsets trip it"
@@ -136,7 +136,7 @@ class Settings(BaseSettings):
     )
     stats_window: int = Field(60_000, description="window of the throughput and lateness figures in /delay/stats (duration)")
     record_state_ttl: int = Field(
-        86_400_000, description="delivered, dead-lettered and cancelled record states leave the record-states table after this (duration)"
+        86_400_000, description="delivered, dead-lettered and cancelled record states leave the record-states view (and, with the longest delay, its topic) after this (duration)"
     )
 
     @field_validator(*DURATION_FIELDS, mode="before")

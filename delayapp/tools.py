@@ -30,7 +30,7 @@ from delayapp.core.replay import DeadLetterInfo, ReplayFilter, Skip, dead_letter
 from delayapp.engine.handler import now_ms
 from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.service import bootstrap_topics, probe_transactions
-from delayapp.engine.topics import TopicLayout, describe_retention, topic_specs
+from delayapp.engine.topics import TopicLayout, describe_retention, configured_topic_specs
 from delayapp.errors import BrokerError, CommandError, HeaderError, RecordNotFound, WorkerUnavailable
 from delayapp.settings import Settings
 
@@ -164,8 +164,7 @@ async def create_missing_topics(settings: Settings, layout: TopicLayout) -> list
 
 async def check_topics(settings: Settings, layout: TopicLayout) -> TopicsReport:
     """Every delayapp topic: exists, partitions, retention against what it needs."""
-    specs = topic_specs(layout, partitions=settings.partitions, margin_ms=settings.retention_margin,
-                        dead_letter_retention_ms=settings.dead_letter_retention, max_delay_ms=settings.max_delay)
+    specs = configured_topic_specs(settings, layout)
     admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
     await admin.start()
     try:

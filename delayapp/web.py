@@ -1,9 +1,8 @@
 """delayapp's HTTP API: Faust web views on every worker (``DELAYAPP_WEB_PORT``).
 
 Read views are open; the two write views need ``Authorization: Bearer <DELAYAPP_API_TOKEN>``
-and answer 403 while no token is configured. ``/delay/records/{id}`` is routed by Faust to
-the worker that owns the id's partition of the ``record-states`` table, whichever worker
-is asked.
+and answer 403 while no token is configured. Every worker answers ``/delay/records/{id}``
+from its own view of the whole ``record-states`` topic (:mod:`delayapp.engine.record_states`).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import orjson
 from faust.web import Request, Response, View
 
 from delayapp import api
-from delayapp.application import app, layout, record_states, settings
+from delayapp.application import app, layout, settings
 from delayapp.client import cancel
 from delayapp.core.cancel import CancelRequest, applies_to
 
@@ -115,22 +114,16 @@ class Stats(View):
 
 @app.page("/delay/records/{record_id}")
 class Record(View):
-    """Where a logical record is, its retries and status (routed to the owning worker;
-    ``?local=true`` answers from this worker's own replica instead, for diagnosis)."""
+    """Where a logical record is, its retries and status (any worker answers: each reads the
+    whole record-states topic; 503 until it has read what was there when it started)."""
 
     async def get(self, request: Request, record_id: str) -> Response:
-        if request.query.get("local") in ("1", "true"):
-            return self._answer(record_id)
-        return await self._routed(request, record_id)
-
-    @app.table_route(table=record_states, match_info="record_id")
-    async def _routed(self, request: Request, record_id: str) -> Response:
-        return self._answer(record_id)
-
-    def _answer(self, record_id: str) -> Response:
+        states = app.record_states
+        if states is None or not states.caught_up.is_set():
+            return self.json({"error": "the record-states view is still reading its topic"}, status=503)
         engine = app.engine
         cancel = engine.cancellations.get(record_id) if engine else None
-        state = record_states.get(record_id.encode())
+        state = states.get(record_id)
         if cancel is not None and state is not None and not applies_to(cancel, state.get("delayed_at")):
             cancel = None
         body = record_view(record_id, state, cancel)

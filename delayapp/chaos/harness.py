@@ -7,7 +7,7 @@
 4. faults every few seconds: SIGKILL, SIGTERM and network cuts, workers restarted;
 5. every target and the dead-letter topic read back (read_committed): lost, early,
    duplicates, lateness outside fault windows, drain time after the last fault, and the
-   record-states table's retry counters against a recount from the delivered records.
+   record-states read model's retry counters against a recount from the delivered records.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import aiohttp
 import orjson
 from aiokafka import AIOKafkaProducer
 
@@ -28,10 +29,16 @@ from delayapp.chaos.procs import TopicCollector, WorkerProcess, create_topics, e
 from delayapp.chaos.proxy import CuttableProxy
 from delayapp.core import headers as h
 from delayapp.engine.handler import now_ms
+from delayapp.readmodel import RecordStateStore
 
 log = logging.getLogger("delayapp.chaos")
 
 LATE_MS = 1_000
+
+
+def _agrees(state: dict | None, retries: int) -> bool:
+    """True when a read-model state says delivered with ``retries`` retries."""
+    return state is not None and state.get("status") == "delivered" and state.get("retries") == retries
 
 
 @dataclass
@@ -109,7 +116,7 @@ class ChaosResult:
             ("duplicates" + (" (must be 0)" if self.guarantee == "exactly_once" else " (reported; consumers de-duplicate by recordId)"), f"{self.duplicates}"),
             ("lateness outside fault windows p50 / p99 / max", f"{_ms(self.lateness_p50_ms)} / {_ms(self.lateness_p99_ms)} / {_ms(self.lateness_max_ms)} ({self.lateness_samples} records)"),
             ("lag back to 0 after the last fault (last delivery > 1 s late; goal <= 60 s)", f"{self.drain_after_last_fault_s:.1f} s"),
-            ("table retry counters vs recount (mismatches)", f"{self.table_mismatches} of {self.table_checked}"),
+            ("read model retry counters vs recount (mismatches)", f"{self.table_mismatches} of {self.table_checked}"),
             ("verdict", "PASS" if self.ok else "FAIL"),
         ]
         width = max(len(k) for k, _ in rows)
@@ -253,49 +260,63 @@ class ChaosRun:
         return deliveries, dead
 
     async def _table_mismatches(self, bootstrap: str, deliveries: dict[str, list[Any]]) -> tuple[int, int]:
-        """Compare the record-states table (its changelog read committed, last value per id; a
-        tombstone removes the id) with the ``timeRetried`` recounted from the delivered records.
+        """Compare the read model with the ``timeRetried`` recounted from the delivered records.
 
-        The changelog is what any worker recovers the table from, so a table update lost
-        behind a commit, or an aborted audit event applied, shows here."""
-        changelog = f"{self.prefix}-record-states-changelog"
-        collector = await TopicCollector(bootstrap, [changelog]).start()
+        Every id is checked in the record-states topic folded as a worker folds it (read
+        committed, :class:`~delayapp.readmodel.RecordStateStore`), so a step the engine never
+        wrote, or an aborted step applied, shows here; a sample is also asked of each live
+        worker's ``/delay/records/{id}`` (what users see)."""
+        topic = f"{self.prefix}.record-states"
+        collector = await TopicCollector(bootstrap, [topic]).start()
 
-        def latest() -> dict[str, dict]:
-            table: dict[str, dict] = {}
-            for record in collector.on(changelog):
-                if not record.key:
-                    continue
-                if record.value is None:
-                    table.pop(record.key.decode(), None)
-                else:
-                    table[record.key.decode()] = orjson.loads(record.value)  # keys are raw record ids
-            return table
+        def folded() -> RecordStateStore:
+            store = RecordStateStore(ttl_ms=10**12)
+            for record in collector.on(topic):
+                store.apply(record.key, record.value)
+            return store
 
-        def complete() -> dict[str, dict] | None:
-            table = latest()
-            done = all(table.get(rid, {}).get("status") == "delivered" for rid in deliveries)
-            return table if done else None
+        def complete() -> RecordStateStore | None:
+            store = folded()
+            done = all((store.get(rid.encode()) or {}).get("status") == "delivered" for rid in deliveries)
+            return store if done else None
 
         try:
-            table = await wait_for(complete, 90, "the record-states table to catch up", interval=1.0)
+            store = await wait_for(complete, 90, "the record-states topic to hold every delivery", interval=1.0)
         except AssertionError:
-            table = latest()
+            store = folded()
         finally:
             await collector.stop()
-        mismatches: list[tuple[str, int, dict | None]] = []
-        for rid, records in deliveries.items():
-            recount = int(dict(records[0].headers).get(h.TIME_RETRIED, b"0"))
-            state = table.get(rid)
-            if state is None or state.get("status") != "delivered" or state.get("retries") != recount:
-                mismatches.append((rid, recount, state))
+        expected = {rid: int(dict(records[0].headers).get(h.TIME_RETRIED, b"0")) for rid, records in deliveries.items()}
+        mismatches = [(rid, n, store.get(rid.encode())) for rid, n in expected.items() if not _agrees(store.get(rid.encode()), n)]
+        mismatches += await self._served_mismatches(expected)
         if mismatches:
-            await self._explain_mismatches(bootstrap, mismatches[:5], collector.on(changelog))
+            await self._explain_mismatches(bootstrap, mismatches[:5], collector.on(topic))
         return len(mismatches), len(deliveries)
 
-    async def _explain_mismatches(self, bootstrap: str, mismatches: list[tuple[str, int, dict | None]], changelog: list[Any]) -> None:
-        """Log, for a few disagreeing ids, every audit event and changelog write of theirs, so
-        a failed run says whether a step was never audited, never applied or overwritten."""
+    async def _served_mismatches(self, expected: dict[str, int], sample: int = 200) -> list[tuple[str, int, dict | None]]:
+        """Ask each live worker for ``sample`` ids (the same ones): each must agree with the recount."""
+        ids = sorted(expected)[:: max(1, len(expected) // sample)][:sample]
+        found: list[tuple[str, int, dict | None]] = []
+        async with aiohttp.ClientSession() as session:
+            for worker in [w for w in self.workers if w.alive]:
+                base = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}/delay/records/"
+
+                async def answers() -> bool:
+                    async with session.get(base + ids[0]) as response:
+                        return response.status != 503
+
+                await wait_for(answers, 60, f"{worker.name}'s record-states view")
+                for rid in ids:
+                    async with session.get(base + rid) as response:
+                        state = await response.json() if response.status == 200 else None
+                    if not _agrees(state, expected[rid]):
+                        log.error("%s serves %s for %s", worker.name, state, rid)
+                        found.append((rid, expected[rid], state))
+        return found
+
+    async def _explain_mismatches(self, bootstrap: str, mismatches: list[tuple[str, int, dict | None]], states: list[Any]) -> None:
+        """Log, for a few disagreeing ids, every audit event and record-states write of theirs,
+        so a failed run says whether a step was never audited, never written or overtaken."""
         audit = f"{self.prefix}.audit"
         collector = await TopicCollector(bootstrap, [audit]).start()
         seen: list[int] = []
@@ -318,11 +339,11 @@ class ChaosRun:
                     steps.append((record.partition, record.offset, event.get("status"), event.get("hops"), event.get("seq")))
             writes = [
                 (r.partition, r.offset, orjson.loads(r.value).get("status") if r.value else None, r.timestamp)
-                for r in changelog if r.key and r.key.decode() == rid
+                for r in states if r.key and r.key.decode() == rid
             ]
             log.error(
-                "record-states disagrees for %s: timeRetried %d delivered, table holds %s; audit (partition, offset, "
-                "status, hops, seq): %s; changelog (partition, offset, status, written): %s", rid, recount, state, steps, writes,
+                "record-states disagrees for %s: timeRetried %d delivered, view holds %s; audit (partition, offset, "
+                "status, hops, seq): %s; record-states (partition, offset, status, written): %s", rid, recount, state, steps, writes,
             )
 
     # -- the run ---------------------------------------------------------------------------------

@@ -126,6 +126,7 @@ class HopLoop(Service):
         handler: RecordHandler,
         settings: Settings,
         audit_topic: str | None,
+        states_topic: str | None = None,
         ingress: bool = False,
         priority_topic: str | None = None,
         max_wait_ms: int = 0,
@@ -143,6 +144,7 @@ class HopLoop(Service):
         self.handler = handler
         self.settings = settings
         self.audit_topic = audit_topic
+        self.states_topic = states_topic  # record-states: each audit event again, compacted by record id (the read model)
         self.ingress = ingress
         self.clock = clock if clock is not None else GuardedClock()
         self.stats = LoopStats()
@@ -586,10 +588,14 @@ class HopLoop(Service):
             elif result is not None and result.timestamp_type == 1:  # LogAppendTime: the broker's clock
                 self.clock.observe(result.timestamp, acked_at)
             self._count(output)
-            if self.audit_topic and output.audit is not None:
+            if output.audit is not None and (self.audit_topic or self.states_topic):
                 where = (None, None, None) if result is None else (result.topic, result.partition, result.offset)
-                audit = output.audit.encode(*where)
-                audits.append(await self._send(self.audit_topic, audit, output.audit.record_id.encode()))
+                audit, key = output.audit.encode(*where), output.audit.record_id.encode()
+                # In the hop's own batch (its transaction under exactly_once, before its commit
+                # under at_least_once): a step the read model misses cannot have happened.
+                for topic in (self.audit_topic, self.states_topic):
+                    if topic:
+                        audits.append(await self._send(topic, audit, key))
         if audits:
             await asyncio.gather(*audits)
 

@@ -30,7 +30,7 @@ from delayapp.engine.loop import HopLoop
 from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.metrics import EngineMetrics
 from delayapp.engine.stats import engine_figures
-from delayapp.engine.topics import TopicLayout, ensure_topics, topic_specs
+from delayapp.engine.topics import TopicLayout, ensure_topics, configured_topic_specs
 from delayapp.errors import BrokerFeatureMissing
 from delayapp.settings import Guarantee, Settings
 
@@ -156,9 +156,9 @@ class DelayEngine(Service):
         # Loops start only once every cancellation already written is known.
         await self.add_runtime_dependency(self.cancellations)
         await asyncio.wait_for(self.cancellations.caught_up.wait(), timeout=120)
-        audit = self.layout.audit if s.audit_enabled else None
+        audit, states = (self.layout.audit, self.layout.record_states) if s.audit_enabled else (None, None)
         common = dict(
-            handler=self.handler, settings=s, audit_topic=audit, observer=self.metrics.observe, clock=self.clock,
+            handler=self.handler, settings=s, audit_topic=audit, states_topic=states, observer=self.metrics.observe, clock=self.clock,
             loop=self.loop, beacon=self.beacon,
         )
         router = HopLoop(name="router", topic=self.layout.ingress, group_id=f"{s.app_id}.router", ingress=True, **common)
@@ -291,8 +291,7 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
     admin = AIOKafkaAdminClient(**s.kafka_client_kwargs())
     await admin.start()
     try:
-        specs = topic_specs(layout, partitions=s.partitions, margin_ms=s.retention_margin, dead_letter_retention_ms=s.dead_letter_retention,
-                            max_delay_ms=s.max_delay)
+        specs = configured_topic_specs(s, layout)
         return await ensure_topics(admin, specs, create=s.create_topics, replication_factor=s.replication_factor, margin_ms=s.retention_margin)
     finally:
         await admin.close()

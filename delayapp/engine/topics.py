@@ -12,6 +12,7 @@ from aiokafka.errors import KafkaError
 from delayapp.core.durations import format_duration
 from delayapp.core.ladder import Ladder
 from delayapp.errors import TopicLayoutError
+from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,11 @@ class TopicLayout:
         return f"{self.prefix}.audit"
 
     @property
+    def record_states(self) -> str:
+        """Compacted: key = recordId, value = its latest step (the audit event), the read model's source."""
+        return f"{self.prefix}.record-states"
+
+    @property
     def cancellations(self) -> str:
         """Compacted: key = recordId, value = when it was cancelled (a tombstone withdraws it)."""
         return f"{self.prefix}.cancel"
@@ -92,7 +98,7 @@ class TopicLayout:
     @property
     def compacted_topics(self) -> list[str]:
         """The topics that hold one latest value per key."""
-        return [self.cancellations, self.dead_letter_replayed, self.clock]
+        return [self.record_states, self.cancellations, self.dead_letter_replayed, self.clock]
 
     @property
     def all_topics(self) -> list[str]:
@@ -132,7 +138,8 @@ class TopicSpec:
 
 
 def topic_specs(
-    layout: TopicLayout, *, partitions: int, margin_ms: int, dead_letter_retention_ms: int, max_delay_ms: int | None = None
+    layout: TopicLayout, *, partitions: int, margin_ms: int, dead_letter_retention_ms: int, max_delay_ms: int | None = None,
+    record_state_ttl_ms: int = DAY_MS,
 ) -> list[TopicSpec]:
     """The specs of every delayapp topic; created topics keep at least a week.
 
@@ -141,6 +148,10 @@ def topic_specs(
     topic (a cancel applies to what entered before it). With ``max_delay_ms``, the cancel
     topic also deletes cancels older than the longest delay plus a day (they have nothing
     left to cancel); without it, it is compacted only.
+
+    The record-states topic keeps a step for the longest delay (a week without
+    ``max_delay_ms``) plus ``record_state_ttl_ms``: a record's last step outlives the record
+    by the TTL, and older steps (final, forgotten by the read model anyway) are deleted.
     """
 
     def spec(name: str, dwell: int, retention: int | None = None, *, broker_time: bool = False) -> TopicSpec:
@@ -161,12 +172,25 @@ def topic_specs(
         *(spec(name, d, broker_time=True) for d, name in layout.priority_topics.items()),
         spec(layout.dead_letter, dead_letter_retention_ms - margin_ms, dead_letter_retention_ms),
         spec(layout.audit, 0),
+        TopicSpec(
+            layout.record_states, partitions, (max_delay_ms or WEEK_MS) + record_state_ttl_ms,
+            (max_delay_ms or WEEK_MS) + record_state_ttl_ms + margin_ms, compacted=True,
+        ),
         cancel,
         # compacted only: retention does not apply (the latest value per key is kept for ever)
         TopicSpec(layout.dead_letter_replayed, partitions, 0, -1, compacted=True),
         # one probe per worker (key = its instance id), stamped by the broker: see core/clock.py
         TopicSpec(layout.clock, partitions, 0, -1, compacted=True, log_append_time=True),
     ]
+
+
+def configured_topic_specs(settings: Settings, layout: TopicLayout) -> list[TopicSpec]:
+    """:func:`topic_specs` with this deployment's settings (what a worker creates and checks)."""
+    return topic_specs(
+        layout, partitions=settings.partitions, margin_ms=settings.retention_margin,
+        dead_letter_retention_ms=settings.dead_letter_retention, max_delay_ms=settings.max_delay,
+        record_state_ttl_ms=settings.record_state_ttl,
+    )
 
 
 def retention_problems(
@@ -212,7 +236,7 @@ def config_warnings(specs: list[TopicSpec], configs: dict[str, dict[str, str]]) 
         policy = actual.get(CLEANUP_POLICY)
         if spec.compacted and spec.retention_ms > 0 and policy is not None and "delete" not in policy:
             warnings.append(
-                f"topic {spec.name} has {CLEANUP_POLICY}={policy}: old cancels are never deleted from it (workers still "
+                f"topic {spec.name} has {CLEANUP_POLICY}={policy}: its old records are never deleted (workers still "
                 f"skip them); set {CLEANUP_POLICY}=compact,delete and retention.ms={spec.retention_ms}"
             )
     return warnings

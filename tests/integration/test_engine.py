@@ -7,6 +7,7 @@ import re
 import signal
 import time
 
+import aiohttp
 import orjson
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
@@ -168,32 +169,35 @@ async def test_bad_input_is_dead_lettered_with_reason_and_good_records_keep_flow
     assert engine.process is not None and engine.process.poll() is None, "the worker must keep running"
 
 
-async def test_audit_stream_feeds_the_record_states_table(bootstrap: str, engine: Worker) -> None:
-    """The Faust agent turns audit events into the changelogged table: read its changelog."""
+async def test_every_audited_step_is_written_to_the_record_states_topic_and_served(bootstrap: str, engine: Worker) -> None:
+    """The engine writes each step twice in the hop's batch: to the audit stream (history)
+    and to the compacted record-states topic the read model folds; the view serves it."""
     target = unique("it-target-")
     await create_topics(bootstrap, target, partitions=PARTITIONS)
-    changelog = f"{engine.prefix}-record-states-changelog"
-    collector = await Collector(bootstrap, [target, changelog, f"{engine.prefix}.audit"]).start()
+    states, audit = f"{engine.prefix}.record-states", f"{engine.prefix}.audit"
+    collector = await Collector(bootstrap, [target, states, audit]).start()
     p = await producer(bootstrap)
     try:
         await schedule(p, target, b"tracked", key=b"t", delay=2_500, record_id="tracked-1", ingress_topic=f"{engine.prefix}.ingress")
     finally:
         await p.stop()
 
-    def delivered_state():
-        for record in reversed(collector.on(changelog)):
-            if record.key and b"tracked-1" in record.key and record.value:
-                state = orjson.loads(record.value)
-                if state.get("status") == "delivered":
-                    return state
-        return None
+    def steps(topic: str) -> list[dict]:
+        return [orjson.loads(r.value) for r in collector.on(topic) if r.key == b"tracked-1"]
 
-    state = await wait_for(delivered_state, 30, "the table to record the delivery")
+    await wait_for(lambda: [s for s in steps(states) if s["status"] == "delivered"], 30, "the delivered step")
+    url = f"http://127.0.0.1:{engine.env['DELAYAPP_WEB_PORT']}/delay/records/tracked-1"
+
+    async def served() -> dict | None:
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            body = await response.json() if response.status == 200 else None
+        return body if body and body["status"] == "delivered" else None
+
+    state = await wait_for(served, 30, "the view to say delivered")
     await collector.stop()
     assert state["target"] == target and state["hops"] >= 2 and state["lateness_ms"] >= 0
-    audit = [orjson.loads(r.value) for r in collector.on(f"{engine.prefix}.audit") if r.key == b"tracked-1"]
-    assert [e["status"] for e in audit][-1] == "delivered"
-    assert all("value" not in e and "tracked" != e.get("payload") for e in audit)  # ids and times only
+    assert steps(states) == steps(audit) and len(steps(audit)) >= 3  # entered, a hop at least, delivered
+    assert all("value" not in e and "tracked" != e.get("payload") for e in steps(audit))  # ids and times only
 
 
 async def test_worker_killed_mid_delay_loses_nothing(bootstrap: str) -> None:

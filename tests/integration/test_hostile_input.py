@@ -58,7 +58,7 @@ CASES = [
     ("target-is-delay-topic", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}.delay.1s"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
     ("target-is-dead-letter", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}.dlq"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
     ("target-is-audit", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}.audit"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
-    ("target-is-table-changelog", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}-record-states-changelog"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
+    ("target-is-record-states", "target-loop", [(h.REACTIVATE_TO_TOPIC, "{prefix}.record-states"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
     ("target-not-allowed", "target-not-allowed", [(h.REACTIVATE_TO_TOPIC, "payroll"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
     ("target-does-not-exist", "unknown-target", [(h.REACTIVATE_TO_TOPIC, "hostile-target-missing"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),
     ("target-invalid-name", "malformed-header", [(h.REACTIVATE_TO_TOPIC, "bad topic!"), (h.DELAY_MS, "10")], PAYLOAD, INGRESS),

@@ -1,14 +1,16 @@
-"""The record-states read model: expiry by index (bounded per tick), and the Faust transport
-that reads committed audit events only."""
+"""The record-states read model: the fold of the record-states topic (any commit order of a
+record's steps ends right), expiry by index (bounded per tick), and the Faust transport
+that reads committed data only."""
 
 from __future__ import annotations
 
 import faust
+import orjson
 from hypothesis import given, settings, strategies as st
 
 from delayapp import faust_driver
 from delayapp.engine.handler import audit_seq
-from delayapp.readmodel import ExpiryIndex, expire_event, merge_record_state, should_drop
+from delayapp.readmodel import ExpiryIndex, RecordStateStore, merge_record_state
 
 TTL = 1_000
 
@@ -66,10 +68,39 @@ def test_final_states_expire_only_as_they_were() -> None:
     assert len(index) == 2, "only final states are indexed"
     assert index.due(table.get, now_ms=10_000, ttl_ms=TTL, limit=10) == [done]
     assert index.due(table.get, now_ms=10_000, ttl_ms=TTL, limit=10) == [], "asked once per indexed state"
-    event = expire_event(done)
-    assert should_drop(done, event)
-    assert not should_drop(dict(done, seq=done["seq"] + 10), event), "retried since: keep the newer state"
-    assert not should_drop(None, event) and not should_drop(waiting, expire_event(waiting))
+
+
+def written(*events: dict) -> RecordStateStore:
+    """A store that folded ``events`` as the record-states topic holds them (key = record id)."""
+    store = RecordStateStore(ttl_ms=TTL)
+    for event in events:
+        store.apply(event["record_id"].encode(), orjson.dumps(event))
+    return store
+
+
+def test_the_store_folds_the_topic_as_merge_does_and_keeps_no_more_than_the_fields() -> None:
+    hop5, copy = state("r", "waiting", 1, retries=2, hops=5), state("r", "waiting", 2, retries=2, hops=6)
+    redo = dict(state("r", "delivered", 3, retries=2, hops=5), payload="never kept")
+    store = written(hop5, copy, redo)
+    held = store.get(b"r")
+    assert held is not None and (held["status"], held["hops"]) == ("delivered", 5) and "payload" not in held
+    assert not store.apply(b"r", orjson.dumps(copy)), "a replay changes nothing"
+    assert len(store) == 1 and b"r" in store and store.get(b"other") is None
+
+
+def test_the_store_counts_what_is_not_a_state_and_a_tombstone_forgets() -> None:
+    store = written(state("r", "waiting", 1))
+    assert not store.apply(b"r", b"not json") and not store.apply(b"x", b"[1, 2]") and not store.apply(None, b"{}")
+    assert store.malformed == 3 and store.get(b"r")["status"] == "waiting"
+    assert store.apply(b"r", None) and store.get(b"r") is None
+
+
+def test_the_store_forgets_final_states_after_the_ttl_and_never_a_newer_one() -> None:
+    store = written(state("a", "delivered", 1_000), state("b", "waiting", 0), state("c", "cancelled", 1_000))
+    store.apply(b"c", orjson.dumps(state("c", "waiting", 1_200, retries=1)))  # retried since: not final any more
+    assert store.expire(now_ms=1_000 + TTL - 1, limit=10) == 0
+    assert store.expire(now_ms=1_000 + TTL + 1, limit=10) == 1
+    assert store.get(b"a") is None and store.get(b"b")["status"] == "waiting" and store.get(b"c")["retries"] == 1
 
 
 def test_a_replaced_state_drops_out_and_its_successor_expires_on_its_own_time() -> None:
@@ -81,8 +112,8 @@ def test_a_replaced_state_drops_out_and_its_successor_expires_on_its_own_time() 
     index.add(b"r", again)
     assert index.due(table.get, now_ms=3_500, ttl_ms=TTL, limit=10) == []
     assert index.due(table.get, now_ms=4_500, ttl_ms=TTL, limit=10) == [again]
-    del table[b"r"]  # expired by its owner
-    index.add(b"r", again)  # a late duplicate index entry (recovered from the changelog)
+    del table[b"r"]  # expired
+    index.add(b"r", again)  # a late duplicate index entry (the same step read twice)
     assert index.due(table.get, now_ms=9_000, ttl_ms=TTL, limit=10) == []
 
 
@@ -108,15 +139,6 @@ def test_a_tick_looks_at_no_more_than_its_limit_however_large_the_table() -> Non
     assert index.due(current, now_ms=10**9, ttl_ms=TTL, limit=1_000) == [] and len(looked) == 1_000
 
 
-def test_a_seed_walk_indexes_a_chunk_per_tick() -> None:
-    table = {f"s{i}".encode(): state(f"s{i}", "cancelled", i) for i in range(5)}
-    index = ExpiryIndex()
-    index.seed(table.items())
-    assert len(index.due(table.get, now_ms=10**6, ttl_ms=TTL, limit=2)) == 2 and index.seeding
-    assert len(index.due(table.get, now_ms=10**6, ttl_ms=TTL, limit=2)) == 2
-    assert len(index.due(table.get, now_ms=10**6, ttl_ms=TTL, limit=2)) == 1 and not index.seeding
-
-
 steps = st.lists(
     st.one_of(
         st.tuples(st.just("write"), st.integers(0, 7), st.sampled_from(["waiting", "delivered", "dead_lettered", "cancelled"]), st.integers(0, 3)),
@@ -140,8 +162,7 @@ def test_expiry_asks_only_for_stale_final_states_and_in_the_end_for_all_of_them(
             key = asked["record_id"].encode()
             current = table.get(key)
             assert current is asked and current["status"] != "waiting" and current["at"] < now - TTL
-            if should_drop(current, expire_event(asked)):
-                del table[key]
+            del table[key]
 
     for step in plan:
         if step[0] == "write":
