@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     )
     dead_letter_retention: int = Field(14 * 86_400_000, description="retention of the dead-letter topic (duration)")
     audit_enabled: bool = Field(True, description="publish the delivery audit stream and the record-states topic the read model folds (ids and times, no payload)")
+    audit_hops: bool = Field(
+        False, description="publish a step at every hop too, not only when a record enters and leaves (the record view then shows the delay topic it is in now; two more writes per hop)"
+    )
 
     # -- governance ---------------------------------------------------------------------------
     max_delay: int = Field(7 * 86_400_000, description="longest delay accepted (duration); longer is dead-lettered")

@@ -59,7 +59,9 @@ def record_view(record_id: str, state: dict | None, cancel: CancelRequest | None
     if state is None and cancel is None:
         return None
     body = dict(state or {"record_id": record_id, "status": "waiting"})
+    # Where it waits now: its last published step (the first hop, unless DELAYAPP_AUDIT_HOPS).
     body["next_awake_at"] = body.get("awake_at") if body.get("status") == "waiting" else None
+    body["due_at"] = body.get("reactivate_at")
     if cancel is not None:
         body["cancel"] = {"cancelled_at": cancel.cancelled_at, "reason": cancel.reason, "by": cancel.by}
         # Cancelled but not yet met by a loop: it will be dropped there, never delivered.

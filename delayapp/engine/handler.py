@@ -59,6 +59,14 @@ class AuditEvent:
         return orjson.dumps(body)
 
 
+def published(audit: AuditEvent, *, entering: bool, every_hop: bool) -> bool:
+    """True for the steps written to the audit stream and the read model: a record entering
+    delayapp (its first hop, at ingress), and leaving it (delivered, dead-lettered,
+    cancelled); with ``every_hop`` each hop in between too. The loops' own statistics count
+    every step either way."""
+    return entering or every_hop or audit.status != "waiting"
+
+
 FIRST_SEEN_LIMIT = 10_000  # remembered first reads before stale ones are dropped
 FIRST_SEEN_KEEP_MS = 600_000  # far longer than any wait in the router (below the smallest hop)
 

@@ -53,7 +53,7 @@ from delayapp.core.clock import GuardedClock, monotonic_ms
 from delayapp.core.headers import AWAKE_AT, header_value
 from delayapp.core.partition import PartitionState, Pending, credible_awake_at
 from delayapp.core.policies import DeadLetter, Reason
-from delayapp.engine.handler import Output, RecordHandler, record_size
+from delayapp.engine.handler import Output, RecordHandler, published, record_size
 from delayapp.settings import Guarantee, Settings
 
 log = logging.getLogger(__name__)
@@ -588,7 +588,9 @@ class HopLoop(Service):
             elif result is not None and result.timestamp_type == 1:  # LogAppendTime: the broker's clock
                 self.clock.observe(result.timestamp, acked_at)
             self._count(output)
-            if output.audit is not None and (self.audit_topic or self.states_topic):
+            if output.audit is not None and (self.audit_topic or self.states_topic) and published(
+                output.audit, entering=self.ingress, every_hop=self.settings.audit_hops,
+            ):
                 where = (None, None, None) if result is None else (result.topic, result.partition, result.offset)
                 audit, key = output.audit.encode(*where), output.audit.record_id.encode()
                 # In the hop's own batch (its transaction under exactly_once, before its commit

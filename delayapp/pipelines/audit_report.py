@@ -1,6 +1,6 @@
 """Audit report: lateness, hops, retries and dead letters from the audit and dead-letter topics.
 
-Reads ``<prefix>.audit`` (one JSON event per step of a record: waiting, delivered,
+Reads ``<prefix>.audit`` (one JSON event per published step of a record: entered (waiting), delivered,
 dead_lettered) and ``<prefix>.dlq`` (dead letters with their reason headers) and writes
 
 * ``parquet/<table>/``: lateness percentiles per target and denomination (``(all)`` rows
@@ -280,7 +280,7 @@ def report(context: JobContext, out_dir: str, since_ms: int | None = None, until
             ("delivered records", counts.get("delivered", 0)),
             ("dead-lettered (audit)", counts.get("dead_lettered", 0)),
             ("dead letters in the topic", int(frames["dead_letters_by_reason"]["dead_letters"].sum()) if len(frames["dead_letters_by_reason"]) else 0),
-            ("hops taken (waiting events)", counts.get("waiting", 0)),
+            ("waiting events (records entered; every hop with DELAYAPP_AUDIT_HOPS)", counts.get("waiting", 0)),
             ("lateness p50 / p99 / max (ms)", " / ".join(str(overall.iloc[0][c]) for c in ("p50_ms", "p99_ms", "max_ms")) if len(overall) else "-"),
         ]
         timeline = frames["dead_letters_over_time"].drop(columns=["bucket_ms"])

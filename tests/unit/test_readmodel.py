@@ -9,7 +9,7 @@ import orjson
 from hypothesis import given, settings, strategies as st
 
 from delayapp import faust_driver
-from delayapp.engine.handler import audit_seq
+from delayapp.engine.handler import AuditEvent, audit_seq, published
 from delayapp.readmodel import ExpiryIndex, RecordStateStore, merge_record_state
 
 TTL = 1_000
@@ -52,6 +52,16 @@ def test_any_commit_order_of_one_generation_ends_final(order: list[int], deliver
     events.append(state("r", "delivered", 9, retries=1, hops=delivered_at + 1))
     final = apply([events[i] for i in order])
     assert (final["status"], final["retries"]) == ("delivered", 1)
+
+
+def test_only_entering_and_leaving_are_published_unless_every_hop_is_asked_for() -> None:
+    def step(status: str) -> AuditEvent:
+        return AuditEvent("r", status, 1, audit_seq(0, 2, status), 0, 2, "t")
+
+    assert published(step("waiting"), entering=True, every_hop=False), "the first hop: the record entered"
+    assert not published(step("waiting"), entering=False, every_hop=False), "a hop in between"
+    assert published(step("waiting"), entering=False, every_hop=True)
+    assert all(published(step(s), entering=False, every_hop=False) for s in ("delivered", "dead_lettered", "cancelled"))
 
 
 def indexed(table: dict[bytes, dict]) -> ExpiryIndex:
