@@ -53,6 +53,7 @@ from delayapp.core.clock import GuardedClock, monotonic_ms
 from delayapp.core.headers import AWAKE_AT, header_value
 from delayapp.core.partition import PartitionState, Pending, credible_awake_at
 from delayapp.core.policies import DeadLetter, Reason
+from delayapp.engine.fencing import Fenced, GroupMember, group_member
 from delayapp.engine.handler import Output, RecordHandler, published, record_size
 from delayapp.settings import Guarantee, Settings
 
@@ -81,6 +82,7 @@ class LoopStats:
     commits: int = 0
     stalls: int = 0
     rewinds: int = 0
+    fenced: int = 0  # exactly_once batches aborted because the group had replaced this member (KIP-447)
     skipped_by_retention: int = 0  # records deleted by retention before they were forwarded (an alarm)
     delivered_by_target: Counter = field(default_factory=Counter)
     dead_letters_by_reason: Counter = field(default_factory=Counter)
@@ -286,9 +288,12 @@ class HopLoop(Service):
                 continue  # a rebalance happened meanwhile: positions went back to the commits
             self._take(fetched)
             async with self._batch_lock:
+                # The member deciding this batch (generation, member id): the only one that may
+                # commit it under exactly_once (KIP-447; see engine/fencing.py).
+                member = group_member(consumer, self.group_id)
                 batch, offsets = self._decide()
                 if batch or offsets:
-                    await self._emit_within_limit(batch, offsets)
+                    await self._emit_within_limit(batch, offsets, member)
 
     def _take(self, fetched: dict[TopicPartition, list[Any]]) -> None:
         """Queue fetched records; those of a partition not (yet) served are fetched again later."""
@@ -510,14 +515,18 @@ class HopLoop(Service):
 
     # -- producing and committing ----------------------------------------------------------------
 
-    async def _emit_within_limit(self, batch: list[tuple[TopicPartition, Pending, list[Output]]], offsets: dict[TopicPartition, tuple[int, str]]) -> None:
+    async def _emit_within_limit(
+        self, batch: list[tuple[TopicPartition, Pending, list[Output]]], offsets: dict[TopicPartition, tuple[int, str]], member: GroupMember,
+    ) -> None:
         """Write a batch and commit, within ``emit_timeout``: a write that hangs reopens the loop."""
         try:
-            await asyncio.wait_for(self._emit(batch, offsets), timeout=self.settings.emit_timeout / 1000)
+            await asyncio.wait_for(self._emit(batch, offsets, member), timeout=self.settings.emit_timeout / 1000)
         except asyncio.TimeoutError:
             raise EmitTimeout(f"writing {len(batch)} records and committing took over {self.settings.emit_timeout} ms") from None
 
-    async def _emit(self, batch: list[tuple[TopicPartition, Pending, list[Output]]], offsets: dict[TopicPartition, tuple[int, str]]) -> None:
+    async def _emit(
+        self, batch: list[tuple[TopicPartition, Pending, list[Output]]], offsets: dict[TopicPartition, tuple[int, str]], member: GroupMember,
+    ) -> None:
         """Write the outputs and their audit events, then commit ``offsets`` (forward, then commit).
 
         A write refused for good (record too large, not authorised...) is dead-lettered: at
@@ -529,9 +538,19 @@ class HopLoop(Service):
         assert producer is not None and consumer is not None
         try:
             if self.exactly_once:
+                # Zombie fencing (KIP-447, engine/fencing.py), in order:
+                # 1. a member outside the group (evicted while it stalled, not back yet) writes
+                #    nothing: the broker would take its commit without checking a generation;
+                # 2. every partition of the batch is in the offsets, so each transaction that
+                #    writes also commits offsets, with the generation that decided the batch;
+                # 3. the group coordinator refuses those offsets if the group has moved on since,
+                #    and the whole transaction aborts (Fenced).
+                if not member.joined:
+                    raise Fenced(f"{self.label}: not a member of group {self.group_id} right now; nothing written")
+                offsets = self._with_batch_partitions(batch, offsets)
                 async with producer.transaction():
                     await self._send_all(batch)
-                    await producer.send_offsets_to_transaction(offsets, self.group_id)
+                    await producer.send_offsets_to_transaction(offsets, member)
             else:
                 await self._send_all(batch)
                 try:
@@ -541,6 +560,11 @@ class HopLoop(Service):
                     # will forward them again (at-least-once; consumers de-duplicate by recordId).
                     log.warning("%s: commit failed after a rebalance; records may be forwarded twice", self.label)
                     return
+        except Fenced as fenced:  # exactly_once: nothing of the batch was committed
+            log.warning("%s: %s; rewinding its partitions (a rebalance follows)", self.label, fenced)
+            self.stats.fenced += 1
+            await self._rewind({tp for tp, _, _ in batch} | set(offsets))
+            return
         except RecordRefused as refused:
             self._refused[(refused.tp, refused.offset)] = refused.verdict
             await self._rewind({tp for tp, _, _ in batch} | set(offsets))
@@ -558,6 +582,18 @@ class HopLoop(Service):
                 part.committed_to(offset, metadata)
         self.stats.commits += 1
         self.stats.last_progress_ms = self.clock()
+
+    def _with_batch_partitions(
+        self, batch: list[tuple[TopicPartition, Pending, list[Output]]], offsets: dict[TopicPartition, tuple[int, str]],
+    ) -> dict[TopicPartition, tuple[int, str]]:
+        """``offsets`` plus the current commit of every batch partition it lacks (its point did
+        not move: records released ahead of a waiting head), so the transaction commits offsets."""
+        complete = dict(offsets)
+        for tp in {tp for tp, _, _ in batch} - set(offsets):
+            part = self._parts.get(tp)
+            if part is not None and part.committed is not None:
+                complete[tp] = (part.committed, part.committed_metadata)
+        return complete
 
     async def _send(self, topic: str | None, value: bytes | None, key: bytes | None, headers: list | None = None) -> asyncio.Future:
         """Queue one record; a refusal raised before queuing (e.g. too large) comes back as a failed future.

@@ -56,7 +56,7 @@ def loop_figures(hop_loop: Any, lag: dict[str, int], *, now_ms: int, window_ms: 
         "totals": {
             "consumed": stats.consumed, "hops": stats.hops, "delivered": stats.delivered,
             "dead_lettered": stats.dead_lettered, "cancelled": stats.cancelled, "throttled": stats.throttled,
-            "rebalances": stats.rebalances, "restarts": stats.restarts, "stalls": stats.stalls, "rewinds": stats.rewinds,
+            "rebalances": stats.rebalances, "restarts": stats.restarts, "stalls": stats.stalls, "rewinds": stats.rewinds, "fenced": stats.fenced,
             # records retention deleted before they were forwarded: must stay 0 (an alarm)
             "skipped_by_retention": stats.skipped_by_retention,
         },
