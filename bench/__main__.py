@@ -114,7 +114,7 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
         for audit in (False, True):
             rows = await engine.backlog_rss(bootstrap, levels, audit=audit, external=external)
             report.data["backlog"]["audit_on" if audit else "audit_off"] = rows
-            label = "audit on: + record-states table in memory" if audit else "delay engine only, audit off"
+            label = "audit on: + record-states view in memory" if audit else "delay engine only, audit off"
             for r in rows:
                 report.add(f"worker RSS, {r['waiting']:,} waiting ({label})", f"{r['rss_mb']:.0f} MB (idle {r['idle_rss_mb']:.0f} MB)")
             growth = rows[-1]["rss_mb"] - rows[0]["rss_mb"]
