@@ -80,8 +80,9 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
             print(out.getvalue())
     if "mix" in sections:
         from delayapp.core.ladder import DEFAULT_LADDER
+        from delayapp.core.mixes import realistic_mix
 
-        delays = engine.realistic_mix(20_000)
+        delays = realistic_mix(20_000)
         exact, greedy = engine.hop_counts(DEFAULT_LADDER, delays)
         report.data["mix"] = {"ladder": DEFAULT_LADDER, "mean_hops": exact, "greedy_mean_hops": greedy}
         report.add("mean hops, realistic mix, default ladder (exact vs greedy)", f"{exact:.2f} vs {greedy:.2f}")
