@@ -16,6 +16,7 @@ from bench.relay import HEADERS
 from delayapp.chaos.procs import TopicCollector, WorkerProcess, embedded_broker_env
 from delayapp.core import headers as h
 from delayapp.core.ladder import Ladder
+from delayapp.core.mixes import histogram
 from delayapp.core.planner import Planner, greedy_plan
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.loop import HopLoop
@@ -54,28 +55,11 @@ async def hop_throughput(bootstrap: str, count: int, *, audit: bool, partitions:
         await loop.stop()
 
 
-def realistic_mix(n: int, seed: int = 3) -> list[int]:
-    """Delays as a retry/scheduling workload sees them: mostly seconds to minutes, a tail of hours."""
-    rng = random.Random(seed)
-    buckets = [(0.45, 1_000, 60_000), (0.30, 60_000, 30 * 60_000), (0.20, 30 * 60_000, 6 * 3_600_000), (0.05, 6 * 3_600_000, 7 * 86_400_000)]
-    out = []
-    for _ in range(n):
-        r, acc = rng.random(), 0.0
-        for share, low, high in buckets:
-            acc += share
-            if r <= acc:
-                out.append(rng.randint(low, high))
-                break
-        else:
-            out.append(buckets[-1][2])
-    return out
-
-
 def hop_counts(ladder: str, delays: list[int]) -> tuple[float, float]:
-    """Mean hops of the exact planner and of greedy change-making over ``delays``."""
+    """Mean hops of the exact planner (the optimizer's cost) and of greedy change-making over ``delays``."""
     lad = Ladder.parse(ladder)
-    planner = Planner(lad)
-    return statistics.mean(planner.hop_count(d) for d in delays), statistics.mean(len(greedy_plan(lad, d)) for d in delays)
+    exact = Planner(lad).expected_hops(histogram(delays))
+    return exact, statistics.mean(len(greedy_plan(lad, d)) for d in delays) if delays else 0.0
 
 
 def worker_env(bootstrap: str, prefix: str, ladder: str, *, external: bool, partitions: int = 4) -> dict[str, str]:

@@ -68,8 +68,12 @@ class Settings(BaseSettings):
 
     # -- topology -----------------------------------------------------------------------------
     app_id: str = Field("delayapp", description="Faust app id: consumer groups, table changelogs")
-    topic_prefix: str = Field("delayapp", description="prefix of delayapp's own topics: <prefix>.ingress, <prefix>.delay.5s, ...")
-    denominations: str = Field(DEFAULT_LADDER, description="the denomination ladder, ascending (one delay topic each)")
+    topic_prefix: str = Field("delayapp", description="prefix of delayapp's own topics: <prefix>.ingress, <prefix>.delay.1s, ...")
+    denominations: str = Field(
+        DEFAULT_LADDER,
+        description="the denomination ladder, ascending (one delay topic each); set it explicitly in a running deployment: "
+        "records waiting in the topic of a denomination it drops are stranded (drain first, see How a record moves)",
+    )
     partitions: int = Field(4, ge=1, description="partitions of each topic delayapp creates")
     create_topics: bool = Field(True, description="create missing topics at start (else refuse to start)")
     retention_margin: int = Field(

@@ -11,10 +11,12 @@ worst-case lateness) and usually it is zero.
 Minimality is exact for any ladder, not only canonical coin systems where greedy
 change-making happens to be optimal ({1,3,4} for 6 is 3+3, not 4+1+1). The table of
 minimal full-hop counts is a change-making DP over multiples of the ladder's gcd, cut
-off at a proven bound: an optimal solution never needs ``c_k / gcd(c_i, c_k)`` coins of
-a smaller ``c_i`` (they could be swapped for fewer ``c_k``), so above
-``T = sum((c_k / gcd(c_i, c_k) - 1) * c_i)`` every optimal plan contains the largest
-denomination and the count is ``1 + n(A - c_k)``.
+off at a proven bound: an optimal solution never holds ``m_i = min over larger c_j of
+c_j / gcd(c_i, c_j)`` coins of a smaller ``c_i`` (they could be swapped for ``c_i / gcd``
+coins of that ``c_j``: the same sum in fewer coins), so its coins below the largest add up
+to at most ``T = sum((m_i - 1) * c_i)``; above ``T`` every optimal plan contains the largest
+denomination ``c_k`` and the count is ``1 + n(A - c_k)``. (Against ``c_k`` alone the bound is
+about eight times larger on the paper-style ladder, and so is the table.)
 
 Plans are re-made at every hop from the current clock, so time lost to processing or
 downtime is absorbed by the next plan instead of accumulating.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import reduce
+from typing import Sequence
 
 import numpy as np
 
@@ -33,6 +36,8 @@ from delayapp.errors import ConfigError
 
 UNREACHABLE = 1 << 30
 MAX_TABLE_ENTRIES = 40_000_000
+
+Histogram = Sequence[tuple[int, int]]  # (delay ms, how many requests)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +67,7 @@ class Planner:
         self.unit = reduce(math.gcd, ds)
         self._coins = tuple(d // self.unit for d in ds)
         largest = self._coins[-1]
-        self._bound = sum((largest // math.gcd(c, largest) - 1) * c for c in self._coins[:-1])
+        self._bound = _cut_off(self._coins)
         size = self._bound + largest + 1
         if size > MAX_TABLE_ENTRIES:
             raise ConfigError(
@@ -83,6 +88,8 @@ class Planner:
             largest = self._coins[-1]
             extra = -(-(units - self._bound) // largest)
             units -= extra * largest
+            if units < 0:  # then no amount on the way down was reachable either
+                return None
         count = int(self._table[units])
         return None if count >= UNREACHABLE else count + extra
 
@@ -156,15 +163,61 @@ class Planner:
         count = self.full_hop_count(full) or 0
         return count + (partial is not None)
 
+    def hop_counts(self, delays: Sequence[int] | np.ndarray) -> np.ndarray:
+        """:meth:`hop_count` of each delay, in one vectorised table look-up when the smallest
+        denomination is the ladder's gcd (as for any ladder of whole seconds from 1s).
+
+        Then a delay of ``q`` units and a remainder ``0 < r < unit`` needs exactly the full hops
+        of ``q + 1`` units: its partial last hop on ``d`` must be ``d - unit + r`` long (the full
+        part is whole units and the head-of-line risk below ``unit``), so its count is
+        ``1 + min over d of n(q + 1 - d)``, which is ``n(q + 1)``. Other ladders are planned one
+        delay at a time.
+        """
+        delays = np.asarray(delays, dtype=np.int64)
+        if self.ladder.smallest != self.unit:
+            return np.fromiter((self.hop_count(int(d)) for d in delays), dtype=np.int64, count=len(delays))
+        units = np.maximum(-(-delays // self.unit), 0)  # rounded up; due or past: no hop
+        largest = self._coins[-1]
+        extra = np.where(units > self._bound, -(-(units - self._bound) // largest), 0)
+        return self._table[units - extra * largest].astype(np.int64) + extra  # every amount is reachable
+
+    def expected_hops(self, histogram: Histogram) -> float:
+        """Mean hop count of the minimal plans over ``(delay, count)`` pairs; 0 for no delays."""
+        counts = np.fromiter((count for _, count in histogram), dtype=np.int64, count=len(histogram))
+        total = int(counts.sum())
+        if total == 0:
+            return 0.0
+        return int(self.hop_counts([delay for delay, _ in histogram]) @ counts) / total
+
     def worst_case_hops(self, max_delay_ms: int) -> int:
-        """An upper bound on hops for any delay up to ``max_delay_ms`` (partial hop included)."""
+        """The most hops any delay up to ``max_delay_ms`` needs: the most full hops of any amount
+        up to it, plus one for a partial last hop (an upper bound, exact in full hops)."""
         units = max_delay_ms // self.unit
-        covered = min(units, self._bound + self._coins[-1])
-        table = self._table[: covered + 1]
-        worst = int(table[table < UNREACHABLE].max())
-        if units > covered:
-            worst += -(-(units - covered) // self._coins[-1])
+        largest = self._coins[-1]
+        head = self._table[: min(units, self._bound) + 1]
+        worst = int(head[head < UNREACHABLE].max())
+        if units > self._bound:
+            # Above the cut-off n(A + largest) = n(A) + 1, so each amount there is outdone by one
+            # among the last ``largest`` amounts up to ``units``: only those need counting.
+            amounts = np.arange(max(units - largest, self._bound) + 1, units + 1, dtype=np.int64)
+            extra = -(-(amounts - self._bound) // largest)
+            rest = amounts - extra * largest
+            counts = np.where(rest >= 0, self._table[np.maximum(rest, 0)], UNREACHABLE)
+            reachable = counts < UNREACHABLE
+            if reachable.any():
+                worst = max(worst, int((counts + extra)[reachable].max()))
         return worst + 1
+
+
+def expected_hops(denominations: Sequence[int], histogram: Histogram) -> float:
+    """Mean minimal hop count of a ladder (ms values, any order) over ``(delay, count)`` pairs:
+    the one cost the ladder optimizer, the bench and the choice of the default ladder compare
+    ladders by. Infinite for a ladder too fine to plan exactly (one delayapp cannot run)."""
+    try:
+        planner = Planner(Ladder.of(sorted(denominations)))
+    except ConfigError:
+        return math.inf
+    return planner.expected_hops(histogram)
 
 
 def greedy_plan(ladder: Ladder, remaining_ms: int) -> list[Hop]:
@@ -178,6 +231,13 @@ def greedy_plan(ladder: Ladder, remaining_ms: int) -> list[Hop]:
         hops.append(Hop(d, d))
         left -= d
     return hops
+
+
+def _cut_off(coins: tuple[int, ...]) -> int:
+    """The amount above which every minimal full-hop plan contains the largest coin (module
+    docstring): ``sum((m_i - 1) * c_i)``, ``m_i`` the fewest coins of ``c_i`` worth swapping
+    for a larger coin."""
+    return sum((min(big // math.gcd(c, big) for big in coins[i + 1 :]) - 1) * c for i, c in enumerate(coins[:-1]))
 
 
 def _min_coin_table(coins: tuple[int, ...], size: int) -> np.ndarray:

@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from delayapp.core import headers as h
 from delayapp.core.durations import format_duration, parse_duration
 from delayapp.core.ladder import Ladder
-from delayapp.core.planner import Planner
+from delayapp.core.planner import Histogram, Planner, expected_hops
 from delayapp.engine.topics import TopicLayout
 from delayapp.errors import ConfigError, PipelineError
 from delayapp.pipelines.audit_report import AUDIT_SCHEMA, header_text
@@ -49,20 +49,7 @@ MAX_EVALUATIONS = 3_000  # ladders scored per search: exhaustive up to this many
 RESTARTS = 64  # at most this many local searches from random ladders, within MAX_EVALUATIONS
 RESTART_SEED = 0  # fixed, so the same observations always give the same proposal
 
-Histogram = Sequence[tuple[int, int]]  # (delay ms, how many requests)
 Evaluator = Callable[[list[tuple[int, ...]]], list[float]]
-
-
-def expected_hops(denominations: Sequence[int], histogram: Histogram) -> float:
-    """Mean minimal hop count over the observed delays; infinite for an unplannable ladder."""
-    total = sum(count for _, count in histogram)
-    if total == 0:
-        return 0.0
-    try:
-        planner = Planner(Ladder.of(sorted(denominations)))
-    except ConfigError:  # too fine for the exact table: not a ladder delayapp can run
-        return INFEASIBLE
-    return sum(planner.hop_count(delay) * count for delay, count in histogram) / total
 
 
 @dataclass(frozen=True)
@@ -75,15 +62,17 @@ class Bound:
 
 def ladder_cost(denominations: Sequence[int], histogram: Histogram, bound: Bound | None = None) -> float:
     """Expected hops; a ladder breaking ``bound`` costs PENALTY plus its worst case, so the
-    search first repairs the worst case, then lowers the mean."""
+    search first repairs the worst case, then lowers the mean. The ladder's planner is built once
+    for both (its table is most of the cost)."""
+    try:
+        planner = Planner(Ladder.of(sorted(denominations)))
+    except ConfigError:  # too fine for the exact table: not a ladder delayapp can run
+        return INFEASIBLE
     if bound is not None:
-        try:
-            worst = Planner(Ladder.of(sorted(denominations))).worst_case_hops(bound.max_delay_ms)
-        except ConfigError:
-            return INFEASIBLE
+        worst = planner.worst_case_hops(bound.max_delay_ms)
         if worst > bound.hops:
             return PENALTY + worst
-    return expected_hops(denominations, histogram)
+    return planner.expected_hops(histogram)
 
 
 def serial_evaluator(histogram: Histogram, bound: Bound | None = None) -> Evaluator:
@@ -261,6 +250,39 @@ def default_candidates(smallest: int, largest_delay: int) -> list[int]:
     return [v for v in values if smallest <= v <= upto]
 
 
+@dataclass(frozen=True)
+class SearchSpace:
+    """What the job searches for a histogram: ``k`` denominations from ``candidates`` (the current
+    smallest always kept) within ``bound``."""
+
+    k: int
+    candidates: list[int]
+    bound: Bound
+
+
+def search_space(
+    histogram: Histogram,
+    current: Ladder,
+    max_delay_ms: int,
+    k: int | None = None,
+    candidates: list[int] | None = None,
+    worst_hops: int | None = None,
+) -> SearchSpace:
+    """The job's defaults: as many denominations as the current ladder, round durations up to the
+    largest delay, and never a ladder worse than the current one in the worst case up to the
+    maximum delay (the setting, or the largest observed delay if longer)."""
+    pool = candidates or default_candidates(current.smallest, max(histogram[-1][0], current.largest))
+    max_delay = max(max_delay_ms, histogram[-1][0])
+    bound = Bound(max_delay, worst_hops or Planner(current).worst_case_hops(max_delay))
+    return SearchSpace(k or len(current.denominations), pool, bound)
+
+
+def propose(current: Ladder, space: SearchSpace, evaluate: Evaluator, max_evaluations: int = MAX_EVALUATIONS) -> Choice:
+    """The job's proposal: the best ladder :func:`optimize_ladder` finds in ``space``, starting
+    from the current ladder (``evaluate`` scores ladders against ``space.bound``)."""
+    return optimize_ladder(space.k, current.smallest, space.candidates, evaluate, current.denominations, max_evaluations)
+
+
 def optimize(
     context: JobContext,
     k: int | None,
@@ -282,13 +304,10 @@ def optimize(
     if not histogram:
         raise PipelineError(f"no delay requests found in {topic}")
     current = settings.ladder
-    k = k or len(current.denominations)
-    pool = candidates or default_candidates(current.smallest, max(histogram[-1][0], current.largest))
-    max_delay = max(settings.max_delay, histogram[-1][0])
-    # Never propose a ladder worse than today's in the worst case up to the maximum delay.
-    bound = Bound(max_delay, worst_hops or Planner(current).worst_case_hops(max_delay))
-    with progress.step(f"searching ladders of {k} denominations over {len(pool)} candidates, at most {bound.hops} hops up to {format_duration(max_delay)}") as said:
-        best = optimize_ladder(k, current.smallest, pool, spark_evaluator(context, histogram, bound), current.denominations, max_evaluations)
+    space = search_space(histogram, current, settings.max_delay, k, candidates, worst_hops)
+    k, bound, max_delay = space.k, space.bound, space.bound.max_delay_ms
+    with progress.step(f"searching ladders of {k} denominations over {len(space.candidates)} candidates, at most {bound.hops} hops up to {format_duration(max_delay)}") as said:
+        best = propose(current, space, spark_evaluator(context, histogram, bound), max_evaluations)
         if best.expected_hops >= PENALTY:
             raise PipelineError(f"no ladder of {k} denominations keeps every delay up to {format_duration(max_delay)} within {bound.hops} hops")
         now = Choice(current.denominations, expected_hops(current.denominations, histogram))

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from delayapp.chaos.procs import unique
+from delayapp.core.ladder import DEFAULT_LADDER
 from delayapp.engine.handler import AuditEvent, audit_seq
 from delayapp.pipelines import optimizer
 
@@ -32,7 +33,7 @@ def test_optimizer_from_ingress_requests(spark, bootstrap, tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["requests"] == 60
     assert result["proposed"]["ladder"] == "1s,7s,1m10s" and result["proposed"]["expected_hops"] == 1.0
-    assert result["current"]["ladder"] == "1s,5s,30s,1m,5m,30m,1h,6h,1d" and result["current"]["expected_hops"] == 3.0  # 5s+1s+1s and 1m+5s+5s
+    assert result["current"]["ladder"] == DEFAULT_LADDER and result["current"]["expected_hops"] == 4.5  # 3s+3s+1s and 45s+10s+10s+3s+1s+1s
     printed = capsys.readouterr().out
     assert "expected hops" in printed and "1s,7s,1m10s" in printed
 

@@ -136,3 +136,47 @@ def test_bad_ladders_are_refused(text: str) -> None:
 
     with pytest.raises(ConfigError):
         Ladder.parse(text)
+
+
+def plain_change_making(ladder: tuple[int, ...], upto: int) -> list[float]:
+    """Fewest coins for every amount up to ``upto`` by the textbook DP, no cut-off (inf: unreachable)."""
+    best = [0.0] + [float("inf")] * upto
+    for amount in range(1, upto + 1):
+        best[amount] = min((best[amount - d] + 1 for d in ladder if d <= amount), default=float("inf"))
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(ladder=ladders, upto=st.integers(1, 2_500))
+def test_full_hop_counts_far_beyond_the_cut_off_match_plain_change_making(ladder, upto) -> None:
+    # The table stops at the cut-off T = sum((m_i - 1) * c_i) plus the largest denomination;
+    # amounts above it are counted as 1 + n(A - largest), and below 0 as unreachable.
+    planner = Planner(Ladder.of(ladder))
+    plain = plain_change_making(ladder, upto)
+    for amount in range(upto + 1):
+        count = planner.full_hop_count(amount)
+        assert (float("inf") if count is None else count) == plain[amount]
+
+
+@settings(max_examples=200, deadline=None)
+@given(ladder=ladders, max_delay=st.integers(1, 2_500))
+def test_worst_case_is_the_most_full_hops_any_amount_needs_plus_a_partial_one(ladder, max_delay) -> None:
+    plain = plain_change_making(ladder, max_delay)
+    assert Planner(Ladder.of(ladder)).worst_case_hops(max_delay) == 1 + max(n for n in plain if n != float("inf"))
+
+
+def test_the_table_is_cut_off_where_swapping_for_any_larger_denomination_pays() -> None:
+    # 1s,5s,30s,...,1d: at most 4x1s, 5x5s, 1x30s, 4x1m, 5x5m, 1x30m, 5x1h, 3x6h below 1d
+    # (86,399 s), not (86,400 / gcd - 1) of each against 1d alone (663,804 s).
+    planner = Planner(Ladder.parse("1s,5s,30s,1m,5m,30m,1h,6h,1d"))
+    assert planner._bound == 86_399
+    assert planner.worst_case_hops(parse_duration("7d")) == 35  # 6d23h59m59s: 34 full hops, + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(ladder=ladders, unit=st.sampled_from([1, 7, 1000]), delays=st.lists(st.integers(-5, 5_000), max_size=30))
+def test_vectorised_hop_counts_equal_planning_each_delay(ladder, unit, delays) -> None:
+    # ladder * unit: the smallest is the gcd (one table look-up) or not (planned one by one)
+    planner = Planner(Ladder.of([d * unit for d in ladder]))
+    scaled = [d * unit // 7 for d in delays]  # remainders below the unit too
+    assert planner.hop_counts(scaled).tolist() == [planner.hop_count(d) for d in scaled]
