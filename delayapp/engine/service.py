@@ -30,8 +30,8 @@ from delayapp.engine.loop import HopLoop
 from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.metrics import EngineMetrics
 from delayapp.engine.stats import engine_figures
-from delayapp.engine.topics import TopicLayout, ensure_topics, configured_topic_specs
-from delayapp.errors import BrokerFeatureMissing
+from delayapp.engine.topics import TopicLayout, configured_topic_specs, ensure_topics, retired_delay_topics
+from delayapp.errors import BrokerFeatureMissing, TopicLayoutError
 from delayapp.settings import Guarantee, Settings
 
 log = logging.getLogger(__name__)
@@ -291,6 +291,13 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
     admin = AIOKafkaAdminClient(**s.kafka_client_kwargs())
     await admin.start()
     try:
+        retired = retired_delay_topics(layout, await admin.list_topics())
+        if retired:
+            raise TopicLayoutError(
+                f"delay topics of another ladder exist: {', '.join(retired)}; records waiting there would never be delivered "
+                f"by this ladder ({layout.ladder}). Keep the ladder "
+                "they were written with (DELAYAPP_DENOMINATIONS), or drain them first and delete them (README: changing the ladder)"
+            )
         specs = configured_topic_specs(s, layout)
         return await ensure_topics(admin, specs, create=s.create_topics, replication_factor=s.replication_factor, margin_ms=s.retention_margin)
     finally:

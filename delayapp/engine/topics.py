@@ -184,6 +184,13 @@ def topic_specs(
     ]
 
 
+def retired_delay_topics(layout: TopicLayout, existing: set[str] | list[str]) -> list[str]:
+    """Delay topics of this prefix that the layout's ladder does not have (another ladder's,
+    e.g. the default before an upgrade): records waiting there would never be read again."""
+    ours = {*layout.delay_topics.values(), *layout.priority_topics.values()}
+    return sorted(t for t in existing if t.startswith(f"{layout.prefix}.delay.") and t not in ours)
+
+
 def configured_topic_specs(settings: Settings, layout: TopicLayout) -> list[TopicSpec]:
     """:func:`topic_specs` with this deployment's settings (what a worker creates and checks)."""
     return topic_specs(

@@ -130,3 +130,16 @@ async def test_worker_refuses_a_delay_topic_whose_retention_is_shorter_than_its_
         assert "refusing to start" in worker.log and f"{prefix}.delay.3s" in worker.log
     finally:
         worker.kill()
+
+
+async def test_worker_refuses_to_start_beside_delay_topics_of_another_ladder(bootstrap: str) -> None:
+    """Records waiting in a delay topic its ladder lacks (a changed default) would be stranded."""
+    prefix = unique("lad")
+    await create_topics(bootstrap, f"{prefix}.delay.7s", f"{prefix}.delay.7s.priority", partitions=1)
+    worker = Worker(bootstrap, prefix).start()
+    try:
+        await wait_for(lambda: worker.process.poll() is not None, 60, "the worker to refuse the layout")
+        assert "delay topics of another ladder exist" in worker.log and f"{prefix}.delay.7s" in worker.log
+        assert "DELAYAPP_DENOMINATIONS" in worker.log
+    finally:
+        worker.kill()

@@ -66,3 +66,12 @@ def test_released_offsets_round_trip_through_commit_metadata() -> None:
 
     round_trip()
 
+
+
+def test_delay_topics_of_another_ladder_are_found_and_nothing_else() -> None:
+    from delayapp.engine.topics import retired_delay_topics
+
+    layout = TopicLayout("dx", Ladder.parse("1s,1h"))
+    existing = {*layout.all_topics, "dx.delay.5s", "dx.delay.5s.priority", "dxy.delay.5s", "other.delay.5s", "dx.dlq.replayed"}
+    assert retired_delay_topics(layout, existing) == ["dx.delay.5s", "dx.delay.5s.priority"]
+    assert retired_delay_topics(layout, layout.all_topics) == []
