@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = 1 if args.quick else args.runs
     offline = sections <= OFFLINE_SECTIONS  # nothing to measure on a broker: none is started
     broker = None if args.broker or offline else EmbeddedBroker().start()
-    bootstrap = args.broker or (broker.bootstrap if broker else "")
-    where = "embedded Tansu" if broker else ("given broker" if args.broker else "no broker needed")
+    bootstrap = "" if offline else args.broker or (broker.bootstrap if broker else "")
+    where = "no broker needed" if offline else "embedded Tansu" if broker else "given broker"
     print(f"delayapp bench {'on ' + bootstrap + ' ' if bootstrap else ''}({where}), "
           f"{machine()['cores']} cores ({machine()['cpu']}), {runs} run(s) per figure", flush=True)
     try:
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if broker:
             broker.stop()
-    report.data["broker"] = where if not args.broker else args.broker
+    report.data["broker"] = bootstrap if bootstrap and args.broker else where
     report.data["table"] = report.rows
     print(report.table())
     with open(args.json, "w") as fh:
