@@ -53,14 +53,6 @@ def step_order(event: dict[str, Any]) -> tuple[int, bool, int]:
     return int(event.get("retries") or 0), event.get("status") in FINAL, int(event.get("seq", -1))
 
 
-def merge_record_state(current: dict[str, Any] | None, event: dict[str, Any]) -> dict[str, Any] | None:
-    """The new state for ``event``, or None when it is not further along than ``current``
-    (a replay, or a step a redo made stale; see :func:`step_order`)."""
-    if current is not None and step_order(event) <= step_order(current):
-        return None
-    return {name: event.get(name) for name in FIELDS}
-
-
 class ExpiryIndex:
     """Final record states ordered by when they became final, so expiry finds the stale ones
     without scanning the table: each call costs at most ``limit`` index entries, whatever

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 
+import orjson
+
 from delayapp.core.backoff import ExponentialBackoff, backoff_ms
 from delayapp.core.ladder import Ladder
 from delayapp.engine.handler import audit_seq
 from delayapp.engine.topics import TopicLayout, retention_problems, topic_specs
-from delayapp.readmodel import merge_record_state
+from delayapp.readmodel import RecordStateStore
 
 
 def test_exponential_backoff_caps_and_jitters_deterministically() -> None:
@@ -22,13 +24,13 @@ def test_exponential_backoff_caps_and_jitters_deterministically() -> None:
 def test_merge_is_idempotent_and_keeps_the_latest_step() -> None:
     hop = {"record_id": "r", "status": "waiting", "seq": audit_seq(0, 1, "waiting")}
     done = {"record_id": "r", "status": "delivered", "seq": audit_seq(0, 1, "delivered")}
-    state = merge_record_state(None, hop)
-    state = merge_record_state(state, done) or state
-    assert state["status"] == "delivered"
-    assert merge_record_state(state, hop) is None  # replay of an older step changes nothing
-    assert merge_record_state(state, done) is None  # replay of the same step changes nothing
+    store = RecordStateStore(ttl_ms=1_000)
+    assert store.apply(b"r", orjson.dumps(hop)) and store.apply(b"r", orjson.dumps(done))
+    assert store.get(b"r")["status"] == "delivered"
+    assert not store.apply(b"r", orjson.dumps(hop))  # replay of an older step changes nothing
+    assert not store.apply(b"r", orjson.dumps(done))  # replay of the same step changes nothing
     retried = {"record_id": "r", "status": "waiting", "seq": audit_seq(1, 1, "waiting"), "retries": 1}
-    assert merge_record_state(state, retried)["status"] == "waiting"
+    assert store.apply(b"r", orjson.dumps(retried)) and store.get(b"r")["status"] == "waiting"
 
 
 def test_topic_layout_names_and_retention_checks() -> None:
