@@ -13,12 +13,8 @@ __version__ = "0.1.0"
 # Before any Kafka client exists in this process: no metadata request of delayapp's (or the
 # Faust app's) may create a topic, so a mistyped target is dead-lettered, never created.
 from delayapp.engine.metadata import forbid_topic_auto_creation  # noqa: E402
-from delayapp.engine.fencing import enable_zombie_fencing  # noqa: E402
 
 forbid_topic_auto_creation()
-# Transactions commit offsets with the member's group generation (KIP-447): a worker the
-# group replaced while it stalled can no longer commit its in-flight batch.
-enable_zombie_fencing()
 
 
 def __getattr__(name: str) -> Any:

@@ -25,7 +25,7 @@ from delayapp.errors import ConfigError
 
 DURATION_FIELDS = (
     "retention_margin", "dead_letter_retention", "max_delay", "max_overdue", "liveness_threshold", "stats_window", "record_state_ttl",
-    "emit_timeout",
+    "emit_timeout", "commit_interval",
 )
 
 
@@ -119,7 +119,14 @@ class Settings(BaseSettings):
     max_queued_bytes: int = Field(
         64 * 1_048_576, ge=1_048_576, description="bytes of fetched, unprocessed records one loop holds at most (its partitions pause beyond)"
     )
+    librdkafka_debug: str | None = Field(
+        None, description="librdkafka debug contexts for the record loops' clients, e.g. cgrp,fetch (logged at debug level by delayapp.librdkafka)",
+    )
     emit_timeout: int = Field(60_000, description="longest a batch's writes and commit may take before the loop reopens (duration)")
+    commit_interval: int = Field(
+        100, ge=1, description="exactly_once: longest a loop's transaction stays open while records keep arriving (an idle loop commits at once); "
+        "deliveries become visible to read_committed readers at its end (duration)",
+    )
 
     # -- Faust --------------------------------------------------------------------------------
     store: str = Field("memory://", description="store of the Faust tables your own agents add (memory:// or rocksdb://); delayapp keeps none")
@@ -225,6 +232,20 @@ class Settings(BaseSettings):
         if "SSL" in self.security_protocol:
             kwargs["ssl_context"] = self.ssl_context()
         return kwargs
+
+    def librdkafka_config(self) -> dict[str, Any]:
+        """Connection and security properties shared by every librdkafka (confluent-kafka) client."""
+        config: dict[str, Any] = {"bootstrap.servers": self.broker, "security.protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            config["sasl.mechanism"] = self.sasl_mechanism
+            config["sasl.username"] = self.sasl_username
+            config["sasl.password"] = self.sasl_password.get_secret_value() if self.sasl_password else None
+        if "SSL" in self.security_protocol:
+            for key, value in (("ssl.ca.location", self.ssl_cafile), ("ssl.certificate.location", self.ssl_certfile),
+                               ("ssl.key.location", self.ssl_keyfile)):
+                if value:
+                    config[key] = value
+        return config
 
     def ssl_context(self) -> ssl.SSLContext:
         """A TLS context from the CA, certificate and key files."""

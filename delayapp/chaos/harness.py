@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 import json
 import logging
 import random
@@ -173,6 +174,7 @@ class ChaosRun:
             "DELAYAPP_INSTANCE_ID": f"{self.prefix}-slot{slot}",
             "DELAYAPP_ALLOWED_TARGETS": f"{self.prefix}-out-*",
             "DELAYAPP_MAX_DELAY": "1h",
+            "DELAYAPP_AUDIT_HOPS": "true",  # every hop in the read model: a lost record's last place is known
             **embedded_broker_env(c.broker),
         }
 
@@ -287,6 +289,11 @@ class ChaosRun:
         finally:
             await collector.stop()
         expected = {rid: int(dict(records[0].headers).get(h.TIME_RETRIED, b"0")) for rid, records in deliveries.items()}
+        lost = set(self.sent) - set(deliveries)
+        if lost:  # where each undelivered record was last seen (dead letters included: their last step says so)
+            last = Counter((s.get("status"), s.get("topic")) for s in (store.get(rid.encode()) or {} for rid in lost))
+            log.error("undelivered records by last recorded (status, topic): %s; e.g. %s", dict(last.most_common()),
+                      [(rid, store.get(rid.encode())) for rid in sorted(lost)[:3]])
         mismatches = [(rid, n, store.get(rid.encode())) for rid, n in expected.items() if not _agrees(store.get(rid.encode()), n)]
         mismatches += await self._served_mismatches(expected)
         if mismatches:

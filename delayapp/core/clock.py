@@ -14,6 +14,7 @@ record is released only once it is due by both. Without a recent sample (a broke
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Callable
@@ -47,6 +48,8 @@ class GuardedClock:
         # (monotonic ms of the sample, broker ms at that moment at least); newest last
         self._samples: deque[tuple[float, int]] = deque()
         self._best: tuple[float, int] | None = None
+        # every record loop of a worker runs in a thread of its own and shares this clock
+        self._lock = threading.Lock()
 
     def observe(self, broker_ms: int | None, acked_at_monotonic_ms: float | None = None) -> None:
         """Learn that the broker's clock read at least ``broker_ms`` at ``acked_at_monotonic_ms``
@@ -54,21 +57,24 @@ class GuardedClock:
         if broker_ms is None or broker_ms <= 0:
             return
         at = self._monotonic() if acked_at_monotonic_ms is None else acked_at_monotonic_ms
-        self._samples.append((at, broker_ms))
-        if self._best is None or broker_ms - at > self._best[1] - self._best[0]:
-            self._best = (at, broker_ms)
+        with self._lock:
+            self._samples.append((at, broker_ms))
+            if self._best is None or broker_ms - at > self._best[1] - self._best[0]:
+                self._best = (at, broker_ms)
 
     def broker_lower_bound(self) -> int | None:
         """The broker's time now, at least (None without a sample in the window)."""
         mono = self._monotonic()
         horizon = mono - self._window_ms
-        if self._samples and self._samples[0][0] < horizon:
-            while self._samples and self._samples[0][0] < horizon:
-                self._samples.popleft()
-            self._best = max(self._samples, key=lambda s: s[1] - s[0], default=None)
-        if self._best is None:
+        with self._lock:
+            if self._samples and self._samples[0][0] < horizon:
+                while self._samples and self._samples[0][0] < horizon:
+                    self._samples.popleft()
+                self._best = max(self._samples, key=lambda s: s[1] - s[0], default=None)
+            best = self._best
+        if best is None:
             return None
-        at, broker_ms = self._best
+        at, broker_ms = best
         return int(broker_ms + (mono - at))
 
     def skew_ms(self) -> int | None:

@@ -158,6 +158,12 @@ def _decode_ascii(name: str, raw: bytes | None) -> str:
 
 
 def _decode_number(name: str, raw: bytes | None) -> int:
+    # The common case, every hop: up to 19 ASCII digits in range (checked without decoding text;
+    # bytes.isdigit is true for ASCII digits only). Anything else takes the path that explains.
+    if type(raw) is bytes and 0 < len(raw) <= 19 and raw.isdigit():
+        value = int(raw)
+        if value <= (MAX_COUNT if name in _COUNTS else MAX_TIMESTAMP_MS) and (name not in _TIMES or value >= MIN_TIMESTAMP_MS):
+            return value
     text = _decode_ascii(name, raw)
     if not text.isdigit():
         kind = "a count" if name in _COUNTS else "epoch milliseconds"

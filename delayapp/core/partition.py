@@ -195,3 +195,174 @@ class PartitionState:
         self.next_offset = self.committed
         self.carried = decode_released(self.committed, self.committed_metadata) if self.committed is not None else set()
         return self.committed
+
+
+PartitionKey = tuple[str, int]  # (topic, partition)
+
+
+class AssignedPartitions:
+    """Every partition one loop serves, and the decisions that span them, with no I/O: what to
+    release now (priority lane first), which partitions to pause, how long the next poll may
+    block, where each partition's commit stands, and why a partition looks stuck.
+
+    The record loop owns one of these; it only fetches into :meth:`add`, writes what
+    :meth:`decide` returns, commits the points it hands out and seeks where :meth:`rewind` says.
+    A commit point is handed out once (``decide`` returns only points that moved since the last
+    one it returned), so a loop that pipelines batches does not commit the same point twice.
+    """
+
+    def __init__(self, *, priority_topic: str | None = None, release_ahead: bool = True) -> None:
+        self.parts: dict[PartitionKey, PartitionState] = {}
+        self.priority_topic = priority_topic
+        self.release_ahead = release_ahead
+        self.paused: set[PartitionKey] = set()  # the partitions the loop paused (it owns the pause state)
+        self._decided: dict[PartitionKey, tuple[int, str]] = {}  # the last commit point handed out per partition
+
+    # -- assignment ------------------------------------------------------------------------------
+
+    def adopt(self, key: PartitionKey, committed: int | None, metadata: str | None, *, now_s: float) -> None:
+        """Serve ``key`` from its commit (None: the group never committed there)."""
+        self.parts[key] = PartitionState(committed, metadata, now_s=now_s)
+        self.paused.discard(key)
+        self._decided.pop(key, None)
+
+    def forget(self, keys: Iterable[PartitionKey]) -> None:
+        """Stop serving ``keys`` (revoked or lost): what was fetched for them is dropped."""
+        for key in list(keys):
+            self.parts.pop(key, None)
+            self.paused.discard(key)
+            self._decided.pop(key, None)
+
+    def add(self, key: PartitionKey, entries: Iterable[Pending]) -> bool:
+        """Queue fetched records of ``key``; False when ``key`` is not served (drop them)."""
+        part = self.parts.get(key)
+        if part is None:
+            return False
+        part.add(entries)
+        return True
+
+    # -- deciding --------------------------------------------------------------------------------
+
+    def decide(
+        self, clock: Callable[[], int], handle: Callable[[PartitionKey, Pending, int], Any], *, now_s: float = 0.0,
+    ) -> tuple[list[tuple[PartitionKey, Pending, Any]], dict[PartitionKey, tuple[int, str]], int]:
+        """Release every queued record that is due (see :meth:`PartitionState.release_due`).
+
+        Returns the released records with their outputs, in write order (priority-lane
+        partitions first, so their records are written first; every due record still goes in
+        this same pass, so nobody starves), the commit points that moved, and how many
+        partitions started to wait."""
+        batch: list[tuple[PartitionKey, Pending, Any]] = []
+        offsets: dict[PartitionKey, tuple[int, str]] = {}
+        new_waits = 0
+        for key, part in sorted(self.parts.items(), key=lambda item: item[0][0] != self.priority_topic):
+            if not part.queue:
+                continue
+            was_waiting = part.wait_until is not None
+            done = part.release_due(
+                clock(), lambda entry, now, key=key: handle(key, entry, now),
+                release_ahead=self.release_ahead, clock=clock, now_s=now_s,
+            )
+            new_waits += part.wait_until is not None and not was_waiting
+            batch.extend((key, entry, outputs) for entry, outputs in done)
+            part.pop_released()
+            point = part.commit_point()
+            if point is not None and point != self._decided.get(key):
+                offsets[key] = self._decided[key] = point
+        return batch, offsets, new_waits
+
+    def current_points(self, keys: Iterable[PartitionKey]) -> dict[PartitionKey, tuple[int, str]]:
+        """For each of ``keys``: the last point handed out, else its last commit (a transaction
+        that wrote for a partition commits an offset for it too, even where the point did not
+        move: records released ahead of a waiting head), skipping partitions never committed."""
+        points = {}
+        for key in keys:
+            part = self.parts.get(key)
+            if part is None:
+                continue
+            point = self._decided.get(key)
+            if point is None and part.committed is not None:
+                point = (part.committed, part.committed_metadata)
+            if point is not None:
+                points[key] = point
+        return points
+
+    def committed_to(self, offsets: dict[PartitionKey, tuple[int, str]]) -> None:
+        """Record that ``offsets`` were committed (the points a rewind returns to)."""
+        for key, (offset, metadata) in offsets.items():
+            part = self.parts.get(key)
+            if part is not None:
+                part.committed_to(offset, metadata)
+
+    def rewind(self, keys: Iterable[PartitionKey], *, now_s: float) -> dict[PartitionKey, int | None]:
+        """Forget what was fetched for ``keys`` since their last commit; returns where to fetch
+        each from again (None: the beginning of the log)."""
+        positions: dict[PartitionKey, int | None] = {}
+        for key in set(keys):
+            part = self.parts.get(key)
+            if part is None:
+                continue
+            positions[key] = part.rewind()
+            part.progress_s = now_s
+            self.paused.discard(key)
+            self._decided.pop(key, None)
+        return positions
+
+    # -- fetching --------------------------------------------------------------------------------
+
+    def wanted_pauses(self, now: int, *, max_records: int, max_bytes: int) -> set[PartitionKey]:
+        """The partitions whose fetching must stop for now (see :meth:`PartitionState.should_pause`);
+        ``max_bytes`` is the loop's budget, shared equally among its partitions."""
+        byte_budget = max_bytes // max(1, len(self.parts))
+        return {
+            key for key, part in self.parts.items()
+            if part.should_pause(now, release_ahead=self.release_ahead, max_records=max_records, max_bytes=byte_budget)
+        }
+
+    def poll_timeout_ms(self, now: int, idle_ms: int) -> int:
+        """How long the next poll may block: 0 if a release pass would act now, else until the
+        earliest wait ends, at most ``idle_ms``."""
+        earliest: int | None = None
+        for part in self.parts.values():
+            if part.ready(now):
+                return 0
+            if part.wait_until is not None and (earliest is None or part.wait_until < earliest):
+                earliest = part.wait_until
+        if earliest is None:
+            return idle_ms
+        return max(0, min(idle_ms, earliest - now))
+
+    def ready(self, now: int) -> bool:
+        """True when a release pass would act now."""
+        return any(part.ready(now) for part in self.parts.values())
+
+    # -- looking -----------------------------------------------------------------------------------
+
+    def heads(self) -> dict[PartitionKey, int | None]:
+        """For each partition holding fetched records: the ``awakeAt`` it waits for (None: due now)."""
+        heads: dict[PartitionKey, int | None] = {}
+        for key, part in list(self.parts.items()):
+            waiting = [e.awake_at for e in list(part.queue) if not e.released]
+            if waiting:
+                heads[key] = part.wait_until or min((a for a in waiting if a is not None), default=None)
+        return heads
+
+    def stuck(self, key: PartitionKey, now: int, end: int | None) -> str | None:
+        """Why ``key`` should have made progress, or None when it is idle for a good reason.
+
+        Only what the loop knows for certain counts: a due record it holds and did not handle,
+        or an ``end`` of the log (as the last fetch response reported it: under read_committed,
+        the last stable offset, so another producer's open transaction is not a stall) beyond
+        the position while nothing arrives and the partition is not paused."""
+        part = self.parts.get(key)
+        if part is None:
+            return None
+        due = [e for e in part.queue if not e.released and (e.awake_at is None or e.awake_at <= now)]
+        if due:
+            return f"holds {len(due)} due records it did not handle"
+        if key in self.paused or part.queue:
+            return None
+        position = part.next_offset
+        if end is not None and position is not None and end > position:
+            return f"the broker reports records up to {end} but none beyond {position} arrive"
+        return None

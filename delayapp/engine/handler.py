@@ -187,7 +187,9 @@ class RecordHandler:
                 return [self.dead_letter(record, admitted, now=now, state=state)]
             state = admitted
         if state.awake_at is not None:  # an awakeAt its topic cannot hold is re-planned, never waited for
-            state = state.evolve(awake_at=credible_awake_at(state.awake_at, now, max_wait_ms))
+            credible = credible_awake_at(state.awake_at, now, max_wait_ms)
+            if credible != state.awake_at:
+                state = state.evolve(awake_at=credible)
         retries, hops = state.time_retried or 0, state.delay_hops or 0
         if applies_to(self.cancellations(state.record_id), state.delayed_at):
             event = AuditEvent(

@@ -1,17 +1,24 @@
-"""The consume → decide → produce → commit loop that moves records, with offsets we control.
+"""The consume → decide → produce → commit loop that moves records, on librdkafka, with offsets we control.
 
 Faust agents are not used to move records: measured under SIGKILL on real Kafka they
 duplicated 8-38 % (at_least_once) and wrote outputs outside the transaction
-(exactly_once). This loop is a plain aiokafka consumer/producer pair run as a
-``mode.Service`` inside the Faust worker.
+(exactly_once). Each loop is a librdkafka (confluent-kafka) consumer and producer driven by a
+thread of its own, started and stopped as a ``mode.Service`` inside the Faust worker: the
+Python work per record is the handler's, the client's work is librdkafka's, in C.
 
-What happens to each partition's records is decided by the pure state machine
-:class:`delayapp.core.partition.PartitionState` (queues, waits, release-ahead, the commit
-point); this module only fetches, pauses, writes and commits. When a partition's head is
-not due, only that partition waits: it is paused (unless records behind the head may be
-released ahead), the loop keeps serving the others and its heartbeats, and resumes it when
-the head is due, so a wait longer than the session timeout never causes a rebalance and
-memory stays bounded (in records and in bytes) however many records wait in Kafka.
+What happens to the records is decided by the pure state machine
+:class:`delayapp.core.partition.AssignedPartitions` (queues, waits, release-ahead, the commit
+points, why a partition looks stuck); this module only fetches, pauses, writes and commits.
+When a partition's head is not due, only that partition waits: it is paused (unless records
+behind the head may be released ahead), the loop keeps serving the others, and resumes it when
+the head is due, so a wait longer than the session timeout never causes a rebalance and memory
+stays bounded (in records and in bytes) however many records wait in Kafka.
+
+No idle round trips: a batch's writes are handed to librdkafka and the loop goes on deciding
+the next batch while they are in flight; batches are committed in order as their writes are
+acknowledged (at_least_once), or one transaction spans the batches of up to ``commit_interval``
+and is committed as soon as the loop is idle (exactly_once, with the consumer's group metadata:
+KIP-447, so a member the group has replaced can never commit).
 
 Never early, by any clock: due times are compared with :class:`delayapp.core.clock.GuardedClock`
 (the earlier of the worker's wall clock and a lower bound of the broker's), and a record's
@@ -27,45 +34,69 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Awaitable, Callable
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import (
-    CommitFailedError,
-    CorruptRecordException,
-    InvalidTopicError,
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
     KafkaError,
-    KafkaTimeoutError,
-    MessageSizeTooLargeError,
-    NoOffsetForPartitionError,
-    OffsetOutOfRangeError,
-    PolicyViolationError,
-    RecordListTooLargeError,
-    TopicAuthorizationFailedError,
-    UnknownTopicOrPartitionError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
 )
 from mode import Service
 
 from delayapp.core.clock import GuardedClock, monotonic_ms
 from delayapp.core.headers import AWAKE_AT, header_value
-from delayapp.core.partition import PartitionState, Pending, credible_awake_at
-from delayapp.core.policies import DeadLetter, Reason
-from delayapp.engine.fencing import Fenced, GroupMember, group_member
+from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending, credible_awake_at
+from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME, DeadLetter, Reason
 from delayapp.engine.handler import Output, RecordHandler, published, record_size
 from delayapp.settings import Guarantee, Settings
 
 log = logging.getLogger(__name__)
+librdkafka_log = logging.getLogger("delayapp.librdkafka")
 
-POLL_MS = 100
+IDLE_POLL_MS = 100  # longest a poll blocks when nothing waits and nothing is in flight
+ACK_POLL_MS = 1  # while writes are in flight: how often their acknowledgements are served
+MAX_IN_FLIGHT_BATCHES = 16  # beyond this the loop waits for acknowledgements before fetching more
+WATCHDOG_S = 1.0
+REBALANCE_TIMEOUT_MS = 15_000  # at least the session timeout
 RECENT_EVENTS = 50_000  # per loop, for windowed throughput and lateness percentiles
+
+# One loop at a time runs the handler and accounts for outputs: the handler (its rate-limit
+# slots, the router's first-seen times) and the metrics observer are shared by every loop of a
+# worker, and each loop runs in a thread of its own. Deciding is pure Python under the GIL
+# anyway, so this costs no parallelism; librdkafka's I/O runs outside it.
+DECIDING = threading.Lock()
+
+# Group errors that mean another member owns the partitions now (KIP-447 fencing).
+_FENCING_CODES = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.FENCED_INSTANCE_ID,
+                  KafkaError.REBALANCE_IN_PROGRESS}
+# Refusals of this record, whoever retries: too large, malformed, not allowed to write there.
+_REFUSED_FOR_GOOD = {
+    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_MSG, KafkaError.INVALID_RECORD,
+    KafkaError.TOPIC_EXCEPTION, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.POLICY_VIOLATION, KafkaError._INVALID_ARG,
+}
+
+
+def refused_for_good(error: KafkaError) -> bool:
+    """True for a write error about this record that no retry can fix (dead-letter it); False
+    for everything else (timeouts, a leader moving, a topic whose metadata is missing for now),
+    which is retried."""
+    return error.code() in _REFUSED_FOR_GOOD
 
 
 @dataclass
 class LoopStats:
-    """Counters one loop exposes (web views and metrics read them).
+    """Counters one loop exposes (web views and metrics read them, from another thread: readers
+    copy ``recent`` and the counters before iterating).
 
     ``recent`` holds (epoch ms, status, lateness ms or None) of the latest outputs, for
     throughput and lateness percentiles over a recent window."""
@@ -82,7 +113,7 @@ class LoopStats:
     commits: int = 0
     stalls: int = 0
     rewinds: int = 0
-    fenced: int = 0  # exactly_once batches aborted because the group had replaced this member (KIP-447)
+    fenced: int = 0  # exactly_once transactions aborted because the group had replaced this member (KIP-447)
     skipped_by_retention: int = 0  # records deleted by retention before they were forwarded (an alarm)
     delivered_by_target: Counter = field(default_factory=Counter)
     dead_letters_by_reason: Counter = field(default_factory=Counter)
@@ -90,30 +121,44 @@ class LoopStats:
     last_progress_ms: int = 0
 
 
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, loop: "HopLoop") -> None:
-        self.loop = loop
+class ConsumedRecord:
+    """A fetched record with the attributes the handlers read (named as in aiokafka's records)."""
 
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        # 1. Anything fetched before this point belongs to the old generation: a batch
-        #    fetched but not yet queued is dropped (the generation changes).
-        # 2. Let the batch in flight finish: forward first, then commit.
-        # 3. Drop what was fetched for revoked partitions; the next owner re-fetches it from
-        #    the committed offset (and skips what the commit metadata says was released).
-        self.loop._generation += 1
-        async with self.loop._batch_lock:
-            self.loop._forget(revoked)
+    __slots__ = ("topic", "partition", "offset", "key", "value", "headers", "timestamp", "timestamp_type")
 
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        # 4. New partitions are not served until their commit (offset and released-ahead
-        #    metadata) is loaded: records fetched for them before that are dropped and
-        #    fetched again (see HopLoop._take).
-        # 5. Any head that is not due pauses its partition again when fetched, so a
-        #    rebalance never releases a record early.
-        self.loop._generation += 1
-        self.loop.stats.rebalances += 1
-        await self.loop._adopt(assigned)
-        log.info("%s: assigned %d partitions of %s", self.loop.label, len(assigned), self.loop.topic)
+    def __init__(self, message: Message) -> None:
+        self.topic: str = message.topic()
+        self.partition: int = message.partition()
+        self.offset: int = message.offset()
+        self.key: bytes | None = message.key()
+        self.value: bytes | None = message.value()
+        self.headers: list[tuple[str, bytes]] = message.headers() or []
+        kind, self.timestamp = message.timestamp()
+        self.timestamp_type = LOG_APPEND_TIME if kind == TIMESTAMP_LOG_APPEND_TIME else CREATE_TIME
+
+
+@dataclass(eq=False)
+class _Batch:
+    """The writes of one decide pass, in flight until every one is acknowledged."""
+
+    offsets: dict[PartitionKey, tuple[int, str]]
+    partitions: set[PartitionKey]  # every partition it released records of or commits
+    started_s: float
+    pending: int = 0
+    error: KafkaError | None = None
+    refused: tuple[PartitionKey, int, DeadLetter] | None = None  # exactly_once: a record a target refused for good
+
+
+class LoopStalled(Exception):
+    """A partition made no progress while it should have, even after a rewind; the loop reopens."""
+
+    retriable = True
+
+
+class EmitTimeout(Exception):
+    """Writing a batch and committing took longer than ``emit_timeout``; the loop reopens."""
+
+    retriable = True
 
 
 class HopLoop(Service):
@@ -151,22 +196,28 @@ class HopLoop(Service):
         self.clock = clock if clock is not None else GuardedClock()
         self.stats = LoopStats()
         self.exactly_once = settings.processing_guarantee is Guarantee.EXACTLY_ONCE
-        self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
-        self._parts: dict[TopicPartition, PartitionState] = {}  # assigned partitions whose commit is loaded
-        self._paused: set[TopicPartition] = set()
-        self._refused: dict[tuple[TopicPartition, int], DeadLetter] = {}  # records a target refused, to dead-letter on the redo
-        self._recently_stalled: dict[TopicPartition, float] = {}
-        self._batch_lock = asyncio.Lock()
-        self._generation = 0
         self.release_ahead = settings.release_ahead
-        self._stalled: set[TopicPartition] = set()
-        self._exited = asyncio.Event()
+        self.parts = AssignedPartitions(priority_topic=priority_topic, release_ahead=settings.release_ahead)
         self.running = asyncio.Event()
-        # called with the target topics a fetched batch names, before it is decided
+        # called with the target topics a fetched batch names, before it is decided (a coroutine, run on the worker's event loop)
         self.before_decide: Callable[[set[str]], Awaitable[None]] | None = None
         # called with a target a write to which failed in a way that may mean it is gone
         self.on_target_failed: Callable[[str], None] | None = None
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self._in_flight: deque[_Batch] = deque()
+        self._txn_open_since: float | None = None  # exactly_once: monotonic s the open transaction began
+        self._txn_member: str | None = None  # exactly_once: the member id that opened it
+        self._refused: dict[tuple[PartitionKey, int], DeadLetter] = {}  # records a target refused, to dead-letter on the redo
+        self._recently_stalled: dict[PartitionKey, float] = {}
+        self._pending_seeks: dict[PartitionKey, int | None] = {}
+        self._next_watchdog_s = 0.0
+        self._broken: BaseException | None = None  # an error inside a librdkafka callback: the loop reopens
+        self._joined = False  # True from an assignment to the next revocation: the group is not rebalancing
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._state_lock = threading.Lock()  # the loop's partitions, against readers on the event loop
+        self._aio: asyncio.AbstractEventLoop | None = None
 
     @property
     def label(self) -> str:
@@ -178,143 +229,261 @@ class HopLoop(Service):
         """The topics this loop consumes: its own, then its priority lane."""
         return [self.topic] + ([self.priority_topic] if self.priority_topic else [])
 
-    def pending_heads(self) -> dict[TopicPartition, int | None]:
+    def pending_heads(self) -> dict[PartitionKey, int | None]:
         """For each partition holding fetched records: the ``awakeAt`` it waits for (None: due now)."""
-        heads: dict[TopicPartition, int | None] = {}
-        for tp, part in self._parts.items():
-            waiting = [e.awake_at for e in part.queue if not e.released]
-            if waiting:
-                heads[tp] = part.wait_until or min((a for a in waiting if a is not None), default=None)
-        return heads
+        with self._state_lock:
+            return self.parts.heads()
 
-    # -- clients -----------------------------------------------------------------------------
+    def assignment(self) -> set[PartitionKey]:
+        """The partitions this loop serves now, as (topic, partition)."""
+        with self._state_lock:
+            return set(self.parts.parts)
 
-    async def _open(self) -> None:
-        s = self.settings
-        common = s.kafka_client_kwargs()
-        self._producer = AIOKafkaProducer(
-            **common,
-            client_id=f"{s.app_id}-{self.name}",
-            acks="all",
-            max_request_size=max(s.max_message_bytes + 65_536, s.producer_batch_bytes),  # our size check binds
-            max_batch_size=s.producer_batch_bytes,
-            linger_ms=s.producer_linger_ms,
-            transactional_id=f"{s.topic_prefix}.{self.name}.{s.worker_instance_id}" if self.exactly_once else None,
-        )
-        await self._producer.start()
-        self._consumer = AIOKafkaConsumer(
-            **common,
-            group_id=self.group_id,
-            client_id=f"{s.app_id}-{self.name}",
-            enable_auto_commit=False,
-            # never reset silently: no commit → we seek to the beginning; a commit the log no
-            # longer holds → an alarm (see _reset)
-            auto_offset_reset="none",
-            isolation_level="read_committed" if self.exactly_once else "read_uncommitted",
-            session_timeout_ms=s.session_timeout_ms,
-            heartbeat_interval_ms=s.heartbeat_interval_ms,
-            fetch_max_wait_ms=s.fetch_max_wait_ms,
-            max_poll_records=s.max_batch,
-        )
-        self._consumer.subscribe(self.topics, listener=_Rebalance(self))
-        await self._consumer.start()
+    # -- the service: a thread per loop ------------------------------------------------------------
 
-    async def _close(self) -> None:
-        consumer, producer = self._consumer, self._producer
-        self._consumer = self._producer = None
-        self._forget(set(self._parts))
-        for client in (consumer, producer):
-            if client is not None:
-                try:
-                    await client.stop()
-                except Exception:  # closing a broken client must not mask the original error
-                    log.warning("%s: error while closing a Kafka client", self.label, exc_info=True)
+    async def on_start(self) -> None:
+        self._aio = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._thread_main, name=f"delayapp-{self.name}", daemon=True)
+        self._thread.start()
 
     async def on_stop(self) -> None:
-        """Let the loop finish its batch and leave the group cleanly."""
-        try:
-            await asyncio.wait_for(self._exited.wait(), timeout=10)
-        except asyncio.TimeoutError:
-            log.warning("%s: loop did not finish its batch within 10 s", self.label)
-        await self._close()
+        """Let the loop finish its batch, commit it and leave the group cleanly."""
+        self._stopping.set()
+        thread = self._thread
+        if thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, thread.join, 15)
+            if thread.is_alive():
+                log.warning("%s: loop did not finish its batch within 15 s", self.label)
 
-    # -- main loop ---------------------------------------------------------------------------
+    def _set_running(self, running: bool) -> None:
+        if self._aio is not None and not self._aio.is_closed():
+            self._aio.call_soon_threadsafe(self.running.set if running else self.running.clear)
 
-    @Service.task
-    async def _main(self) -> None:
+    def _thread_main(self) -> None:
         backoff = 0.5
         try:
-            while not self.should_stop:
+            while not self._stopping.is_set():
                 try:
-                    await self._open()
-                    self.running.set()
-                    await self._run()
+                    self._open()
+                    self._set_running(True)
+                    self._run()
                     backoff = 0.5
-                except asyncio.CancelledError:
-                    raise
                 except Exception as exc:
-                    self.running.clear()
-                    if self.should_stop:
+                    self._set_running(False)
+                    if self._stopping.is_set():
                         break
                     self.stats.restarts += 1
                     log.error(
                         "%s: loop failed (%s: %s); reopening from committed offsets in %.1f s",
                         self.label, type(exc).__name__, exc, backoff, exc_info=not getattr(exc, "retriable", False),
                     )
-                    await self._close()
-                    await asyncio.sleep(backoff)
+                    self._close(clean=False)
+                    self._stopping.wait(backoff)
                     backoff = min(backoff * 2, 10.0)
         finally:
-            self.running.clear()
-            self._exited.set()
+            self._set_running(False)
+            self._close(clean=True)
 
-    async def _run(self) -> None:
+    # -- clients ------------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        s = self.settings
+        common = {**s.librdkafka_config(), "client.id": f"{s.app_id}-{self.name}", "logger": librdkafka_log,
+                  "error_cb": self._client_error}
+        if s.librdkafka_debug:  # asked for: shown at the worker's usual log level
+            common.update(debug=s.librdkafka_debug, logger=_AtLeastInfo(librdkafka_log, {}))
+        write_timeout = s.emit_timeout + 5_000  # our own limit (emit_timeout) binds first
+        producer_config = {
+            **common,
+            "acks": "all",
+            "partitioner": "murmur2_random",  # the Java client's: keyed deliveries land where the target's other producers put that key
+            "linger.ms": s.producer_linger_ms,
+            "batch.size": s.producer_batch_bytes,
+            "message.max.bytes": max(s.max_message_bytes + 65_536, s.producer_batch_bytes),  # our size check binds
+            "message.timeout.ms": write_timeout,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 2_097_151,
+            "allow.auto.create.topics": False,  # a target that vanished is not re-created by a write
+        }
+        if self.exactly_once:
+            producer_config.update({
+                "transactional.id": f"{s.topic_prefix}.{self.name}.{s.worker_instance_id}",
+                "transaction.timeout.ms": max(60_000, write_timeout),
+            })
+        self._producer = Producer(producer_config)
+        if self.exactly_once:
+            self._producer.init_transactions(s.emit_timeout / 1000)
+        self._consumer = Consumer({
+            **common,
+            "group.id": self.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            # never reset silently: no commit → each assignment starts at the beginning (see
+            # _on_assign); a commit the log no longer holds → an alarm (see _reset)
+            "auto.offset.reset": "error",
+            "isolation.level": "read_committed" if self.exactly_once else "read_uncommitted",
+            "session.timeout.ms": s.session_timeout_ms,
+            "heartbeat.interval.ms": s.heartbeat_interval_ms,
+            # librdkafka sends this as the JoinGroup's rebalance timeout: a broker may wait that
+            # long for a member that died mid-rebalance (the embedded one does, 300 s by default).
+            # The loop polls at least every 100 ms; only a batch's writes can hold it longer.
+            "max.poll.interval.ms": max(s.session_timeout_ms, REBALANCE_TIMEOUT_MS),
+            "fetch.wait.max.ms": s.fetch_max_wait_ms,
+            "queued.max.messages.kbytes": max(1024, s.max_queued_bytes // 1024 // 4),
+            "partition.assignment.strategy": "range",
+            "on_commit": self._committed,
+        })
+        self._joined = False
+        self._consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
+
+    def _close(self, *, clean: bool) -> None:
+        consumer, producer = self._consumer, self._producer
+        if not clean:
+            # after a failure nothing in flight is committed; an open transaction is aborted by
+            # the broker when the next producer with this transactional id starts
+            self._in_flight.clear()
+            self._txn_open_since = None
+        try:
+            if consumer is not None:
+                self._finish_joining(consumer)
+                # closing revokes the assignment: after a clean run _on_revoke commits what was written
+                consumer.close()
+        except Exception:  # closing a broken client must not mask the original error
+            log.warning("%s: error while closing the consumer", self.label, exc_info=True)
+        self._consumer = self._producer = None
+        self._in_flight.clear()
+        self._txn_open_since = None
+        with self._state_lock:
+            self.parts.forget(list(self.parts.parts))
+        if producer is not None:
+            producer.flush(1 if clean else 0)
+        del consumer, producer  # librdkafka handles are destroyed with their last reference
+
+    def _finish_joining(self, consumer: Consumer) -> None:
+        """Before leaving the group, let a join in progress complete (at most a session timeout).
+
+        The embedded broker keeps a member that leaves while its JoinGroup is pending as the
+        leader of the next generations, for ever: every other member then waits for an
+        assignment that never comes (broker-notes). Leaving from a steady state avoids it; what
+        is fetched meanwhile is dropped uncommitted (the next owner reads it again)."""
+        deadline = time.monotonic() + self.settings.session_timeout_ms / 1000
+        while not self._joined and time.monotonic() < deadline:
+            consumer.consume(self.settings.max_batch, 0.1)
+
+    def _client_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self._broken = KafkaException(error)
+        log.log(logging.ERROR if error.fatal() else logging.WARNING, "%s: client: %s", self.label, error)
+
+    # -- rebalancing (librdkafka calls these inside consume(), on this loop's thread) --------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # 4. New partitions are served from their commit: its offset, and the offsets its
+        #    metadata says were released ahead (skipped when fetched again). A partition the
+        #    group never committed starts at the beginning of its log.
+        # 5. Any head that is not due pauses its partition again when fetched, so a
+        #    rebalance never releases a record early.
+        try:
+            committed = consumer.committed(partitions, timeout=self.settings.emit_timeout / 1000) if partitions else []
+        except Exception as exc:
+            self._broken = exc  # without the commits nothing can be served safely: reopen
+            return
+        now_s = time.monotonic()
+        starts = []
+        with self._state_lock:
+            for tp in committed:
+                offset = tp.offset if tp.offset >= 0 else None
+                self.parts.adopt((tp.topic, tp.partition), offset, tp.metadata, now_s=now_s)
+                starts.append(TopicPartition(tp.topic, tp.partition, offset if offset is not None else OFFSET_BEGINNING))
+        consumer.assign(starts)
+        self._joined = True
+        self.stats.rebalances += 1
+        log.info("%s: assigned %d partitions of %s", self.label, len(partitions), self.topic)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # 1. Still a member of the old generation: finish what is in flight, forward first,
+        #    then commit (the next owner starts at that commit).
+        # 2. Drop what was fetched for the revoked partitions.
+        self._joined = False
+        try:
+            self._finish(commit=True)
+        except Exception as exc:
+            log.warning("%s: could not commit before the rebalance (%s); the next owner redoes it", self.label, exc)
+            self._abandon()
+        with self._state_lock:
+            self.parts.forget((tp.topic, tp.partition) for tp in partitions)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # The group moved on without us (session expired): nothing may be committed any more;
+        # an open transaction is aborted, and the new owners redo what was written.
+        log.warning("%s: lost %d partitions (this member was evicted); dropping what is in flight", self.label, len(partitions))
+        self._joined = False
+        self._abandon()
+        with self._state_lock:
+            self.parts.forget((tp.topic, tp.partition) for tp in partitions)
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
         consumer = self._consumer
         assert consumer is not None
-        while not self.should_stop:
-            if self._stalled:
-                await self._recover(self._stalled)
-                self._stalled = set()
+        while not self._stopping.is_set():
+            if self._broken is not None:
+                broken, self._broken = self._broken, None
+                raise broken
+            self._watchdog()
             self._apply_pauses()
-            generation = self._generation
-            try:
-                fetched = await consumer.getmany(timeout_ms=self._poll_timeout_ms(), max_records=self.settings.max_batch)
-            except (NoOffsetForPartitionError, OffsetOutOfRangeError) as exc:
-                await self._reset(exc)
+            if len(self._in_flight) >= MAX_IN_FLIGHT_BATCHES and not self.exactly_once:
+                self._settle(wait_s=ACK_POLL_MS / 1000)
                 continue
-            if fetched and self.before_decide is not None:
-                await self.before_decide(self.handler.targets([r for records in fetched.values() for r in records], now=self.clock()))
-            if generation != self._generation:
-                continue  # a rebalance happened meanwhile: positions went back to the commits
-            self._take(fetched)
-            async with self._batch_lock:
-                # The member deciding this batch (generation, member id): the only one that may
-                # commit it under exactly_once (KIP-447; see engine/fencing.py).
-                member = group_member(consumer, self.group_id)
-                batch, offsets = self._decide()
-                if batch or offsets:
-                    await self._emit_within_limit(batch, offsets, member)
+            messages = consumer.consume(self.settings.max_batch, self._poll_timeout_ms() / 1000)
+            if messages:
+                self._take(messages)
+            with DECIDING:
+                with self._state_lock:
+                    batch, offsets, new_waits = self.parts.decide(self.clock, self._handle, now_s=time.monotonic())
+            self.stats.waits += new_waits
+            if batch or offsets:
+                self._emit(batch, offsets)
+            if self.exactly_once:
+                self._maybe_commit_transaction(idle=not (batch or offsets))
+            else:
+                self._settle(wait_s=0)
 
-    def _take(self, fetched: dict[TopicPartition, list[Any]]) -> None:
-        """Queue fetched records; those of a partition not (yet) served are fetched again later."""
-        consumer = self._consumer
-        assert consumer is not None
-        assigned = consumer.assignment()
+    def _poll_timeout_ms(self) -> int:
+        """Block no longer than until the earliest wait ends, nor while writes or a transaction
+        are in flight (their acknowledgements and the commit are served between polls)."""
+        if self._txn_open_since is not None:
+            return 0
+        idle = ACK_POLL_MS if self._in_flight else IDLE_POLL_MS
+        with self._state_lock:
+            return self.parts.poll_timeout_ms(self.clock(), idle)
+
+    def _take(self, messages: list[Message]) -> None:
+        """Queue fetched records (an error instead of a record is dealt with here)."""
         fetched_at = self.clock()
-        for tp, records in fetched.items():
-            part = self._parts.get(tp)
-            if part is None:
-                if tp in assigned and records:  # assigned, commit not loaded yet: come back to these
-                    consumer.seek(tp, records[0].offset)
+        by_partition: dict[PartitionKey, list[Pending]] = {}
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                self._fetch_error(message, error)
                 continue
+            record = ConsumedRecord(message)
             # an ingress record's awakeAt is a producer's: never waited for (the handler strips it)
-            part.add(
-                Pending(r.offset, r, None if self.ingress else self._awake_at(r, fetched_at), record_size(r.key, r.value, r.headers))
-                for r in records
+            awake_at = None if self.ingress else self._awake_at(record, fetched_at)
+            by_partition.setdefault((record.topic, record.partition), []).append(
+                Pending(record.offset, record, awake_at, record_size(record.key, record.value, record.headers)),
             )
-            self.stats.consumed += len(records)
+        if by_partition and self.before_decide is not None and self._aio is not None:
+            targets = self.handler.targets([e.record for entries in by_partition.values() for e in entries], now=fetched_at)
+            if targets:
+                asyncio.run_coroutine_threadsafe(self.before_decide(targets), self._aio).result(timeout=60)
+        with self._state_lock:
+            for key, entries in by_partition.items():
+                if self.parts.add(key, entries):
+                    self.stats.consumed += len(entries)
 
-    def _awake_at(self, record: Any, fetched_at: int) -> int | None:
+    def _awake_at(self, record: ConsumedRecord, fetched_at: int) -> int | None:
         """When ``record`` may be looked at: its ``awakeAt``, believed only up to the topic's
         denomination from now (a record fetched now was written at most that long ago, so a
         later ``awakeAt`` is forged or from a skewed clock, and the record is re-planned now)."""
@@ -327,342 +496,152 @@ class HopLoop(Service):
                         self.label, record.topic, record.partition, record.offset, raw.decode(), self.max_wait_ms)
         return awake
 
-    def _poll_timeout_ms(self) -> int:
-        """Poll no longer than until the earliest wait ends (0 if records are ready now)."""
-        now = self.clock()
-        waits = []
-        for part in self._parts.values():
-            if part.ready(now):
-                return 0
-            if part.wait_until is not None:
-                waits.append(part.wait_until)
-        if not waits:
-            return POLL_MS
-        return max(0, min(POLL_MS, min(waits) - now))
-
-    def _decide(self) -> tuple[list[tuple[TopicPartition, Pending, list[Output]]], dict[TopicPartition, tuple[int, str]]]:
-        """Release every queued record that is due (see PartitionState.release_due) and say
-        where each partition's commit now stands."""
-        batch: list[tuple[TopicPartition, Pending, list[Output]]] = []
-        offsets: dict[TopicPartition, tuple[int, str]] = {}
-        # The fast pass: priority-lane partitions release first, so their records are
-        # written first; every due record still goes in this same pass (nobody starves).
-        for tp, part in sorted(self._parts.items(), key=lambda item: item[0].topic != self.priority_topic):
-            was_waiting = part.wait_until is not None
-            done = part.release_due(
-                self.clock(), lambda entry, now, tp=tp: self._handle(tp, entry, now),
-                release_ahead=self.release_ahead, clock=self.clock, now_s=time.monotonic(),
-            )
-            if part.wait_until is not None and not was_waiting:
-                self.stats.waits += 1
-            batch.extend((tp, entry, outputs) for entry, outputs in done)
-            part.pop_released()
-            point = part.commit_point()
-            if point is not None:
-                offsets[tp] = point
-        return batch, offsets
-
-    def _handle(self, tp: TopicPartition, entry: Pending, now: int) -> Any:
-        refused = self._refused.pop((tp, entry.offset), None)
+    def _handle(self, key: PartitionKey, entry: Pending, now: int) -> Any:
+        refused = self._refused.pop((key, entry.offset), None)
         if refused is not None:  # its target refused it in an aborted transaction: dead-letter it now
             return [self.handler.refused(entry.record, refused, now=now)]
         return self.handler.handle(entry.record, now=now, ingress=self.ingress, max_wait_ms=self.max_wait_ms)
 
-    def _apply_pauses(self) -> None:
-        """Pause partitions that wait or hold enough unprocessed records or bytes; resume the rest."""
-        consumer = self._consumer
-        assert consumer is not None
-        now = self.clock()
-        backlog = 2 * self.settings.max_batch
-        byte_budget = self.settings.max_queued_bytes // max(1, len(self._parts))
-        want = {
-            tp for tp, part in self._parts.items()
-            if part.should_pause(now, release_ahead=self.release_ahead, max_records=backlog, max_bytes=byte_budget)
-        }
-        assigned = consumer.assignment()
-        pause, resume = want - self._paused, (self._paused - want) & assigned
-        if pause:
-            consumer.pause(*pause)
-        if resume:
-            consumer.resume(*resume)
-        self._paused = want & assigned
-
-    def _forget(self, partitions: set[TopicPartition]) -> None:
-        for tp in partitions:
-            self._parts.pop(tp, None)
-            self._paused.discard(tp)
-        self._refused = {key: v for key, v in self._refused.items() if key[0] not in partitions}
-
-    async def _adopt(self, assigned: set[TopicPartition]) -> None:
-        """Start serving newly assigned partitions from their commit (offset and the offsets
-        its metadata says were released ahead).
-
-        aiokafka's public ``committed()`` drops the metadata, so this asks its coordinator; if
-        that ever fails, records released ahead are released again (at-least-once)."""
-        if not assigned or self._consumer is None:
-            return
-        started = time.monotonic()
-        committed: dict[TopicPartition, Any] = {}
-        try:
-            committed = await self._consumer._coordinator.fetch_committed_offsets(set(assigned))
-        except Exception as exc:  # the fallback is safe: at-least-once, never a loss
-            log.warning("%s: could not read commit metadata (%s); records released ahead may repeat", self.label, exc)
-        for tp in assigned:
-            meta = committed.get(tp)
-            offset = meta.offset if meta is not None and meta.offset >= 0 else None
-            self._parts[tp] = PartitionState(offset, getattr(meta, "metadata", None) or "", now_s=started)
-        self._paused -= assigned  # aiokafka assigns partitions un-paused
-
-    async def _reset(self, error: Exception) -> None:
-        """A partition without a usable position: start it at the beginning, and sound the alarm
-        when its commit points at records the log no longer has (deleted unforwarded)."""
-        consumer = self._consumer
-        assert consumer is not None
-        if isinstance(error, OffsetOutOfRangeError):
-            wanted: dict[TopicPartition, int] = error.args[0] if error.args and isinstance(error.args[0], dict) else {}
-            starts = await consumer.beginning_offsets(list(wanted))
-            for tp, offset in wanted.items():
-                lost = max(0, starts.get(tp, offset) - offset)
-                self.stats.skipped_by_retention += lost
-                log.error(
-                    "%s: ALARM %s: committed position %d is no longer in the log (it starts at %s): %d records were "
-                    "deleted by retention before they were forwarded; check the retention of %s and the consumer lag",
-                    self.label, tp, offset, starts.get(tp), lost, tp.topic,
-                )
-            partitions = list(wanted)
+    def _fetch_error(self, message: Message, error: KafkaError) -> None:
+        if error.code() == KafkaError._AUTO_OFFSET_RESET:
+            self._reset((message.topic(), message.partition()))
+        elif error.fatal():
+            raise KafkaException(error)
         else:
-            partitions = [tp for tp in error.args if isinstance(tp, TopicPartition)]
-        if partitions:
-            await consumer.seek_to_beginning(*partitions)
-            for tp in partitions:
-                if tp in self._parts:
-                    self._parts[tp] = PartitionState(None, now_s=time.monotonic())
+            log.warning("%s: fetch: %s", self.label, error)
 
-    # -- liveness ---------------------------------------------------------------------------------
-
-    @Service.timer(1.0)
-    async def _watchdog(self) -> None:
-        """Find partitions that should make progress and do not (see :meth:`_stuck`)."""
-        consumer = self._consumer
-        if consumer is None or not self.running.is_set():
-            return
-        threshold_s = self.settings.liveness_threshold / 1000
-        now_s, now = time.monotonic(), self.clock()
-        paused_by_consumer = consumer.paused()
-        for tp, part in list(self._parts.items()):
-            if now_s - part.progress_s <= threshold_s or part.waiting(now):
-                continue
-            why = self._stuck(tp, part, now, paused_by_consumer)
-            if why:
-                self.stats.stalls += 1
-                self._stalled.add(tp)
-                part.progress_s = now_s
-                log.warning("%s: partition %s made no progress for %.0f s: %s; recovering", self.label, tp, threshold_s, why)
-
-    def _stuck(self, tp: TopicPartition, part: PartitionState, now: int, paused_by_consumer: set[TopicPartition]) -> str | None:
-        """Why ``tp`` should have made progress, or None when it is idle for a good reason.
-
-        Only what this loop knows for certain counts: a due record it holds and did not
-        handle, a pause nobody asked for, or a fetch response saying that records exist
-        beyond what was fetched while nothing arrives. Under read_committed the end is the
-        last stable offset, so another producer's open transaction is not a stall, and no
-        ListOffsets answer is used (the embedded broker's are wrong).
-        """
-        due = [e for e in part.queue if not e.released and (e.awake_at is None or e.awake_at <= now)]
-        if due:
-            return f"holds {len(due)} due records it did not handle"
-        if tp in paused_by_consumer and tp not in self._paused:
-            return "paused although nothing waits"
-        if tp in paused_by_consumer or part.queue:
-            return None
+    def _reset(self, key: PartitionKey) -> None:
+        """A committed position the log no longer holds: sound the alarm (records deleted by
+        retention before they were forwarded), then read the partition from its beginning."""
         consumer = self._consumer
         assert consumer is not None
-        end = consumer.last_stable_offset(tp) if self.exactly_once else consumer.highwater(tp)
-        position = part.next_offset
-        if end is not None and position is not None and end > position:
-            return f"the broker reports records up to {end} but none beyond {position} arrive"
-        return None
-
-    async def _recover(self, stalled: set[TopicPartition]) -> None:
-        """Rewind each stalled partition to its commit (a seek: no rebalance); a partition that
-        stalls again soon after reopens the whole loop."""
-        now_s = time.monotonic()
-        again = {tp for tp in stalled if now_s - self._recently_stalled.get(tp, -1e9) < 3 * self.settings.liveness_threshold / 1000}
-        if again:
-            raise LoopStalled(f"no progress on {', '.join(sorted(map(str, again)))} even after a rewind")
-        for tp in stalled:
-            self._recently_stalled[tp] = now_s
-        await self._rewind(stalled)
-
-    async def _rewind(self, partitions: set[TopicPartition] | list[TopicPartition]) -> None:
-        """Drop what was fetched for ``partitions`` and fetch again from their last commit."""
-        consumer = self._consumer
-        assert consumer is not None
-        assigned = consumer.assignment()
-        for tp in partitions:
-            part = self._parts.get(tp)
-            if part is None or tp not in assigned:
-                continue
-            self.stats.rewinds += 1
-            position = part.rewind()
-            if position is None:
-                await consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, position)
-            part.progress_s = time.monotonic()
-            consumer.resume(tp)
-            self._paused.discard(tp)
-
-    # -- producing and committing ----------------------------------------------------------------
-
-    async def _emit_within_limit(
-        self, batch: list[tuple[TopicPartition, Pending, list[Output]]], offsets: dict[TopicPartition, tuple[int, str]], member: GroupMember,
-    ) -> None:
-        """Write a batch and commit, within ``emit_timeout``: a write that hangs reopens the loop."""
-        try:
-            await asyncio.wait_for(self._emit(batch, offsets, member), timeout=self.settings.emit_timeout / 1000)
-        except asyncio.TimeoutError:
-            raise EmitTimeout(f"writing {len(batch)} records and committing took over {self.settings.emit_timeout} ms") from None
-
-    async def _emit(
-        self, batch: list[tuple[TopicPartition, Pending, list[Output]]], offsets: dict[TopicPartition, tuple[int, str]], member: GroupMember,
-    ) -> None:
-        """Write the outputs and their audit events, then commit ``offsets`` (forward, then commit).
-
-        A write refused for good (record too large, not authorised...) is dead-lettered: at
-        once under at_least_once; under exactly_once the transaction is aborted, the batch's
-        partitions are rewound, and the redo dead-letters that record. Any other failure
-        rewinds the batch's partitions (at_least_once: what was written is written again).
-        """
-        producer, consumer = self._producer, self._consumer
-        assert producer is not None and consumer is not None
-        try:
-            if self.exactly_once:
-                # Zombie fencing (KIP-447, engine/fencing.py), in order:
-                # 1. a member outside the group (evicted while it stalled, not back yet) writes
-                #    nothing: the broker would take its commit without checking a generation;
-                # 2. every partition of the batch is in the offsets, so each transaction that
-                #    writes also commits offsets, with the generation that decided the batch;
-                # 3. the group coordinator refuses those offsets if the group has moved on since,
-                #    and the whole transaction aborts (Fenced).
-                if not member.joined:
-                    raise Fenced(f"{self.label}: not a member of group {self.group_id} right now; nothing written")
-                offsets = self._with_batch_partitions(batch, offsets)
-                async with producer.transaction():
-                    await self._send_all(batch)
-                    await producer.send_offsets_to_transaction(offsets, member)
-            else:
-                await self._send_all(batch)
-                try:
-                    await consumer.commit(offsets)
-                except CommitFailedError:
-                    # The group rebalanced mid-batch: the records were forwarded, the new owner
-                    # will forward them again (at-least-once; consumers de-duplicate by recordId).
-                    log.warning("%s: commit failed after a rebalance; records may be forwarded twice", self.label)
-                    return
-        except Fenced as fenced:  # exactly_once: nothing of the batch was committed
-            log.warning("%s: %s; rewinding its partitions (a rebalance follows)", self.label, fenced)
-            self.stats.fenced += 1
-            await self._rewind({tp for tp, _, _ in batch} | set(offsets))
-            return
-        except RecordRefused as refused:
-            self._refused[(refused.tp, refused.offset)] = refused.verdict
-            await self._rewind({tp for tp, _, _ in batch} | set(offsets))
-            return
-        except KafkaError as exc:
-            if not getattr(exc, "retriable", False) and not isinstance(exc, _TRANSIENT):
-                raise
-            log.warning("%s: writing a batch failed (%s: %s); rewinding its partitions", self.label, type(exc).__name__, exc)
-            await self._rewind({tp for tp, _, _ in batch} | set(offsets))
-            await asyncio.sleep(0.2)
-            return
-        for tp, (offset, metadata) in offsets.items():
-            part = self._parts.get(tp)
+        with self._state_lock:
+            part = self.parts.parts.get(key)
+            position = part.next_offset if part is not None else None
+        low, _ = consumer.get_watermark_offsets(TopicPartition(*key), timeout=10)
+        if position is not None and low >= 0:
+            lost = max(0, low - position)
+            self.stats.skipped_by_retention += lost
+            log.error(
+                "%s: ALARM %s/%d: committed position %d is no longer in the log (it starts at %d): %d records were "
+                "deleted by retention before they were forwarded; check the retention of %s and the consumer lag",
+                self.label, key[0], key[1], position, low, lost, key[0],
+            )
+        # librdkafka leaves a partition whose reset failed in an error state that refuses seeks:
+        # assign every served partition again, this one from the start of its log, the others
+        # from their commits (what was fetched since is fetched again)
+        with self._state_lock:
             if part is not None:
-                part.committed_to(offset, metadata)
-        self.stats.commits += 1
-        self.stats.last_progress_ms = self.clock()
+                self.parts.adopt(key, None, None, now_s=time.monotonic())
+            positions = self.parts.rewind(list(self.parts.parts), now_s=time.monotonic())
+        self._pending_seeks.clear()
+        consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING if position is None else position) for (t, p), position in positions.items()])
 
-    def _with_batch_partitions(
-        self, batch: list[tuple[TopicPartition, Pending, list[Output]]], offsets: dict[TopicPartition, tuple[int, str]],
-    ) -> dict[TopicPartition, tuple[int, str]]:
-        """``offsets`` plus the current commit of every batch partition it lacks (its point did
-        not move: records released ahead of a waiting head), so the transaction commits offsets."""
-        complete = dict(offsets)
-        for tp in {tp for tp, _, _ in batch} - set(offsets):
-            part = self._parts.get(tp)
-            if part is not None and part.committed is not None:
-                complete[tp] = (part.committed, part.committed_metadata)
-        return complete
+    # -- writing --------------------------------------------------------------------------------------
 
-    async def _send(self, topic: str | None, value: bytes | None, key: bytes | None, headers: list | None = None) -> asyncio.Future:
-        """Queue one record; a refusal raised before queuing (e.g. too large) comes back as a failed future.
-
-        No topic (a cancelled record) queues nothing: the future is done with None."""
+    def _emit(self, batch: list[tuple[PartitionKey, Pending, list[Output]]], offsets: dict[PartitionKey, tuple[int, str]]) -> None:
+        """Hand a batch's writes to librdkafka; they are settled (committed) in order later."""
         producer = self._producer
         assert producer is not None
-        if topic is None:
-            nothing: asyncio.Future = asyncio.get_running_loop().create_future()
-            nothing.set_result(None)
-            return nothing
-        try:
-            return await producer.send(topic, value, key=key, headers=headers)
-        except KafkaError as exc:
-            failed: asyncio.Future = asyncio.get_running_loop().create_future()
-            failed.set_exception(exc)
-            return failed
+        if self.exactly_once and self._txn_open_since is None:
+            # the member that opens the transaction is the only one that may commit it (KIP-447)
+            self._txn_member = self._consumer.memberid() if self._consumer is not None else None
+            producer.begin_transaction()
+            self._txn_open_since = time.monotonic()
+        written = _Batch(offsets, set(offsets) | {key for key, _, _ in batch}, time.monotonic())
+        self._in_flight.append(written)
+        for key, entry, outputs in batch:
+            for output in outputs:
+                if output.topic is None:  # cancelled: nothing to write but its audit event
+                    self._account(written, output, None)
+                else:
+                    self._produce(written, output.topic, output.value, output.key, output.headers,
+                                  partial(self._acked, written, key, entry, output))
 
-    async def _send_all(self, batch: list[tuple[TopicPartition, Pending, list[Output]]]) -> None:
-        flat = [(tp, entry, output) for tp, entry, outputs in batch for output in outputs]
-        futures = [await self._send(o.topic, o.value, o.key, o.headers) for _, _, o in flat]
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        acked_at = monotonic_ms()
-        audits = []
-        for (tp, entry, output), result in zip(flat, results):
-            if isinstance(result, BaseException):  # refused for good: its dead letter (and audit event) instead
-                output, result = await self._send_undeliverable(tp, entry, output, result)
-            elif result is not None and result.timestamp_type == 1:  # LogAppendTime: the broker's clock
-                self.clock.observe(result.timestamp, acked_at)
-            self._count(output)
-            if output.audit is not None and (self.audit_topic or self.states_topic) and published(
-                output.audit, entering=self.ingress, every_hop=self.settings.audit_hops,
-            ):
-                where = (None, None, None) if result is None else (result.topic, result.partition, result.offset)
-                audit, key = output.audit.encode(*where), output.audit.record_id.encode()
-                # In the hop's own batch (its transaction under exactly_once, before its commit
-                # under at_least_once): a step the read model misses cannot have happened.
-                for topic in (self.audit_topic, self.states_topic):
-                    if topic:
-                        audits.append(await self._send(topic, audit, key))
-        if audits:
-            await asyncio.gather(*audits)
-
-    async def _send_undeliverable(self, tp: TopicPartition, entry: Pending, output: Output, error: BaseException) -> tuple[Output, Any]:
-        """A write the broker refuses for good goes to the dead letters (without its value if
-        even that is refused), pointing at the consumed record: the dead letter written and where
-        it went are returned. Anything that may succeed later is raised, so the batch is retried."""
-        if not refused_for_good(error) or output.topic == self.handler.layout.dead_letter:
-            if output.topic is not None and self.on_target_failed is not None:
-                self.on_target_failed(output.topic)  # perhaps gone: the next pass checks it again
-            raise error
-        log.warning("%s: %s refused a record (%s); dead-lettering it", self.label, output.topic, type(error).__name__)
-        verdict = DeadLetter(Reason.UNDELIVERABLE, f"writing to {output.topic} failed: {type(error).__name__}")
-        if self.exactly_once:
-            # the transaction is now abortable: nothing more can be written in it
-            raise RecordRefused(tp, entry.offset, verdict)
-        for drop_value in (False, True):
-            dead = self.handler.refused(entry.record, verdict, now=self.clock(), drop_value=drop_value)
+    def _produce(self, batch: _Batch, topic: str, value: bytes | None, key: bytes | None,
+                 headers: list[tuple[str, bytes]] | None, on_delivery: Callable[[KafkaError | None, Message | None], None]) -> None:
+        producer = self._producer
+        assert producer is not None
+        batch.pending += 1
+        while True:
             try:
-                return dead, await (await self._send(dead.topic, dead.value, dead.key, dead.headers))
-            except KafkaError as exc:
-                if drop_value or not refused_for_good(exc):
-                    raise
-        raise AssertionError("unreachable")
+                producer.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+                return
+            except BufferError:  # librdkafka's queue is full: serve acknowledgements, then try again
+                producer.poll(0.005)
+            except KafkaException as exc:  # refused before queuing (too large, an invalid topic...)
+                on_delivery(exc.args[0], None)
+                return
 
-    def _count(self, output: Output) -> None:
+    def _acked(self, batch: _Batch, key: PartitionKey, entry: Pending, output: Output,
+               error: KafkaError | None, message: Message | None) -> None:
+        batch.pending -= 1
+        if batch.error is not None:
+            return
+        if error is not None:
+            self._write_failed(batch, key, entry, output, error)
+            return
+        assert message is not None
+        kind, stamp = message.timestamp()
+        if kind == TIMESTAMP_LOG_APPEND_TIME:  # the broker's clock
+            self.clock.observe(stamp, monotonic_ms())
+        self._account(batch, output, (message.topic(), message.partition(), message.offset()))
+
+    def _account(self, batch: _Batch, output: Output, where: tuple[str, int, int] | None) -> None:
+        """Count a write that happened and write its audit event (in the same batch: its
+        transaction under exactly_once, before its commit under at_least_once, so a step the
+        read model misses cannot have happened)."""
         audit = output.audit
         if audit is None:
             return
+        with DECIDING:
+            self._count(audit)
+        if (self.audit_topic or self.states_topic) and published(audit, entering=self.ingress, every_hop=self.settings.audit_hops):
+            encoded, record_id = audit.encode(*(where or (None, None, None))), audit.record_id.encode()
+            for topic in (self.audit_topic, self.states_topic):
+                if topic:
+                    self._produce(batch, topic, encoded, record_id, None, partial(self._audit_acked, batch))
+
+    def _audit_acked(self, batch: _Batch, error: KafkaError | None, message: Message | None) -> None:
+        batch.pending -= 1
+        if error is not None and batch.error is None:
+            batch.error = error
+
+    def _write_failed(self, batch: _Batch, key: PartitionKey, entry: Pending, output: Output, error: KafkaError) -> None:
+        """A write the broker refuses for good goes to the dead letters (without its value if
+        even that is refused), pointing at the consumed record; anything that may succeed later
+        fails the batch, which is written again from its partitions' commits."""
+        if not refused_for_good(error) or output.topic == self.handler.layout.dead_letter:
+            if output.topic is not None and self.on_target_failed is not None and self._aio is not None:
+                self._aio.call_soon_threadsafe(self.on_target_failed, output.topic)  # perhaps gone: checked again
+            batch.error = error
+            return
+        log.warning("%s: %s refused a record (%s); dead-lettering it", self.label, output.topic, error.name())
+        verdict = DeadLetter(Reason.UNDELIVERABLE, f"writing to {output.topic} failed: {error.name()}")
+        if self.exactly_once:  # the transaction must abort: the redo dead-letters the record
+            batch.refused, batch.error = (key, entry.offset, verdict), error
+            return
+        self._dead_letter(batch, entry, verdict, drop_value=False)
+
+    def _dead_letter(self, batch: _Batch, entry: Pending, verdict: DeadLetter, *, drop_value: bool) -> None:
+        with DECIDING:
+            dead = self.handler.refused(entry.record, verdict, now=self.clock(), drop_value=drop_value)
+
+        def acked(error: KafkaError | None, message: Message | None) -> None:
+            batch.pending -= 1
+            if batch.error is not None:
+                return
+            if error is None:
+                assert message is not None
+                self._account(batch, dead, (message.topic(), message.partition(), message.offset()))
+            elif not drop_value and refused_for_good(error):
+                self._dead_letter(batch, entry, verdict, drop_value=True)
+            else:
+                batch.error = error
+
+        self._produce(batch, dead.topic, dead.value, dead.key, dead.headers, acked)
+
+    def _count(self, audit: Any) -> None:
         stats = self.stats
         if audit.status == "waiting":
             stats.hops += 1
@@ -679,42 +658,253 @@ class HopLoop(Service):
         if self.observer is not None:
             self.observer(self, audit)
 
+    # -- committing -----------------------------------------------------------------------------------
 
-class LoopStalled(Exception):
-    """A partition made no progress while it should have, even after a rewind; the loop reopens."""
+    def _settle(self, *, wait_s: float) -> None:
+        """at_least_once: serve acknowledgements, then commit, in order, every batch whose writes
+        are all acknowledged; a failed batch rewinds every partition still in flight."""
+        producer, consumer = self._producer, self._consumer
+        assert producer is not None and consumer is not None
+        producer.poll(wait_s)
+        done: dict[PartitionKey, tuple[int, str]] = {}
+        limit_s, now_s = self.settings.emit_timeout / 1000, time.monotonic()
+        while self._in_flight:
+            batch = self._in_flight[0]
+            if now_s - batch.started_s > limit_s:  # done or not: it took too long, and is not committed
+                self._commit(done)
+                raise EmitTimeout(f"writing a batch and committing took over {self.settings.emit_timeout} ms")
+            if batch.pending:
+                break
+            if batch.error is not None:
+                self._commit(done)
+                self._fail(batch.error)
+                return
+            self._in_flight.popleft()
+            done.update(batch.offsets)
+        self._commit(done)
 
-    retriable = True
+    def _commit(self, offsets: dict[PartitionKey, tuple[int, str]], *, wait: bool = False) -> None:
+        """at_least_once: commit ``offsets`` (with their released-ahead metadata)."""
+        consumer = self._consumer
+        assert consumer is not None
+        with self._state_lock:
+            offsets = {key: point for key, point in offsets.items() if key in self.parts.parts}
+        if not offsets:
+            return
+        consumer.commit(offsets=[TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()], asynchronous=not wait)
+        with self._state_lock:
+            self.parts.committed_to(offsets)
+        self.stats.commits += 1
+        self.stats.last_progress_ms = self.clock()
+
+    def _committed(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if error is not None:
+            # The group rebalanced meanwhile: the records were forwarded, the new owner forwards
+            # them again (at-least-once; consumers de-duplicate by recordId).
+            log.warning("%s: commit failed (%s); records may be forwarded twice", self.label, error)
+
+    def _fail(self, error: KafkaError) -> None:
+        """A write failed: let everything in flight finish, then fetch every partition it
+        touched again from its commit (at_least_once: what was written is written again)."""
+        producer = self._producer
+        assert producer is not None
+        producer.flush(self.settings.emit_timeout / 1000)
+        partitions = set().union(*(b.partitions for b in self._in_flight))
+        self._in_flight.clear()
+        if error.fatal():
+            raise KafkaException(error)
+        log.warning("%s: writing a batch failed (%s); rewinding its partitions", self.label, error)
+        self._rewind(partitions)
+        self._stopping.wait(0.2)
+
+    def _maybe_commit_transaction(self, *, idle: bool) -> None:
+        """exactly_once: commit the open transaction when the loop is idle, or when it has been
+        open ``commit_interval``, or holds many batches."""
+        if self._txn_open_since is None:
+            return
+        producer = self._producer
+        assert producer is not None
+        producer.poll(0)
+        with self._state_lock:
+            ready = self.parts.ready(self.clock())
+        open_s = time.monotonic() - self._txn_open_since
+        if (idle and not ready) or open_s * 1000 >= self.settings.commit_interval or len(self._in_flight) >= MAX_IN_FLIGHT_BATCHES:
+            self._commit_transaction()
+
+    def _commit_transaction(self) -> None:
+        """exactly_once: flush the transaction's writes, then commit it with the offsets of every
+        partition it touched, as the member that opened it (KIP-447), or abort it and rewind."""
+        producer, consumer = self._producer, self._consumer
+        assert producer is not None and consumer is not None
+        timeout_s = self.settings.emit_timeout / 1000
+        # 1. every write acknowledged (audit events are written as their records are)
+        if producer.flush(timeout_s) > 0:
+            raise EmitTimeout(f"writing a transaction's records took over {self.settings.emit_timeout} ms")
+        batches = list(self._in_flight)
+        failed = next((b for b in batches if b.error is not None), None)
+        partitions = set().union(*(b.partitions for b in batches))
+        with self._state_lock:
+            offsets = self.parts.current_points(partitions)
+        try:
+            if failed is not None:
+                raise KafkaException(failed.error)
+            # 2. the member that decided these batches must still be the group's member
+            member = consumer.memberid()
+            if not member or member != self._txn_member:
+                raise _Fenced(f"member {self._txn_member!r} is not the group's member any more ({member!r})")
+            # 3. offsets with the group's generation: the coordinator refuses them if the
+            #    group has moved on, and the whole transaction aborts
+            if offsets:
+                producer.send_offsets_to_transaction(
+                    [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()],
+                    consumer.consumer_group_metadata(), timeout_s,
+                )
+            producer.commit_transaction(timeout_s)
+        except (KafkaException, _Fenced) as exc:
+            self._abort(batches, failed, exc)
+            return
+        finally:
+            self._in_flight.clear()
+            self._txn_open_since = None
+        with self._state_lock:
+            self.parts.committed_to(offsets)
+        self.stats.commits += 1
+        self.stats.last_progress_ms = self.clock()
+
+    def _abort(self, batches: list[_Batch], failed: _Batch | None, exc: Exception) -> None:
+        producer = self._producer
+        assert producer is not None
+        error = exc.args[0] if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError) else None
+        if error is not None and error.fatal():
+            raise exc
+        if error is not None and error.code() == KafkaError._TIMED_OUT:
+            raise EmitTimeout(f"committing a transaction took over {self.settings.emit_timeout} ms") from exc
+        fenced = isinstance(exc, _Fenced) or (error is not None and error.code() in _FENCING_CODES)
+        if fenced:
+            self.stats.fenced += 1
+        if failed is not None and failed.refused is not None:
+            key, offset, verdict = failed.refused
+            self._refused[(key, offset)] = verdict
+        log.warning("%s: transaction aborted (%s); rewinding its partitions%s", self.label, exc, " (a rebalance follows)" if fenced else "")
+        producer.abort_transaction(self.settings.emit_timeout / 1000)
+        self._rewind(set().union(*(b.partitions for b in batches)))
+
+    def _finish(self, *, commit: bool) -> None:
+        """Settle everything in flight now (before a rebalance or a stop)."""
+        if self._producer is None or self._consumer is None:
+            return
+        if self.exactly_once:
+            if self._txn_open_since is not None:
+                self._commit_transaction()
+            return
+        self._producer.flush(self.settings.emit_timeout / 1000)
+        done: dict[PartitionKey, tuple[int, str]] = {}
+        for batch in self._in_flight:
+            if batch.error is not None or batch.pending:
+                break
+            done.update(batch.offsets)
+        self._in_flight.clear()
+        if commit and done:
+            self._commit(done, wait=True)
+
+    def _abandon(self) -> None:
+        """Drop what is in flight without committing it (the new owners redo it)."""
+        self._in_flight.clear()
+        if self._txn_open_since is not None and self._producer is not None:
+            self._txn_open_since = None
+            try:
+                self._producer.abort_transaction(self.settings.emit_timeout / 1000)
+            except KafkaException as exc:
+                log.warning("%s: abort failed (%s)", self.label, exc)
+
+    # -- pausing, rewinding, liveness ---------------------------------------------------------------------
+
+    def _apply_pauses(self) -> None:
+        """Pause partitions that wait or hold enough unprocessed records or bytes; resume the rest."""
+        consumer = self._consumer
+        assert consumer is not None
+        with self._state_lock:
+            want = self.parts.wanted_pauses(self.clock(), max_records=2 * self.settings.max_batch, max_bytes=self.settings.max_queued_bytes)
+            pause, resume = want - self.parts.paused, self.parts.paused - want
+            self.parts.paused = want
+        if pause:
+            consumer.pause([TopicPartition(t, p) for t, p in pause])
+        if resume:
+            consumer.resume([TopicPartition(t, p) for t, p in resume])
+        for key, position in list(self._pending_seeks.items()):
+            self._seek(key, position)
+
+    def _seek(self, key: PartitionKey, position: int | None) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        self._pending_seeks.pop(key, None)
+        if key not in self.parts.parts:
+            return
+        tp = TopicPartition(key[0], key[1], OFFSET_BEGINNING if position is None else position)
+        try:
+            consumer.seek(tp)
+            consumer.resume([TopicPartition(*key)])
+        except KafkaException as exc:  # not fetching yet (just assigned): try again on the next pass
+            log.debug("%s: seek %s deferred (%s)", self.label, key, exc)
+            self._pending_seeks[key] = position
+
+    def _rewind(self, partitions: set[PartitionKey]) -> None:
+        """Drop what was fetched for ``partitions`` and fetch again from their last commit."""
+        with self._state_lock:
+            positions = self.parts.rewind(partitions, now_s=time.monotonic())
+        self.stats.rewinds += len(positions)
+        for key, position in positions.items():
+            self._seek(key, position)
+
+    def _watchdog(self) -> None:
+        """Once a second: find partitions that should make progress and do not, and re-assert the
+        pause state this loop owns (a pause nobody asked for would otherwise stall a partition)."""
+        now_s = time.monotonic()
+        if now_s < self._next_watchdog_s:
+            return
+        self._next_watchdog_s = now_s + WATCHDOG_S
+        consumer = self._consumer
+        assert consumer is not None
+        with self._state_lock:
+            served, paused = list(self.parts.parts), set(self.parts.paused)
+        fetching = [TopicPartition(t, p) for t, p in served if (t, p) not in paused]
+        if fetching:
+            consumer.resume(fetching)
+        threshold_s, now = self.settings.liveness_threshold / 1000, self.clock()
+        stalled = set()
+        for key in served:
+            with self._state_lock:
+                part = self.parts.parts.get(key)
+                if part is None or now_s - part.progress_s <= threshold_s or part.waiting(now):
+                    continue
+            # under read_committed librdkafka reports the last stable offset as the end
+            try:
+                _, end = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+            except KafkaException:
+                end = None
+            with self._state_lock:
+                why = self.parts.stuck(key, now, end if end is not None and end >= 0 else None)
+                if why:
+                    part.progress_s = now_s
+            if why:
+                self.stats.stalls += 1
+                stalled.add(key)
+                log.warning("%s: partition %s made no progress for %.0f s: %s; recovering", self.label, key, threshold_s, why)
+        if stalled:
+            again = {key for key in stalled if now_s - self._recently_stalled.get(key, -1e9) < 3 * threshold_s}
+            if again:
+                raise LoopStalled(f"no progress on {', '.join(map(str, sorted(again)))} even after a rewind")
+            for key in stalled:
+                self._recently_stalled[key] = now_s
+            self._rewind(stalled)
 
 
-class EmitTimeout(Exception):
-    """Writing a batch and committing took longer than ``emit_timeout``; the loop reopens."""
+class _AtLeastInfo(logging.LoggerAdapter):
+    """librdkafka's debug lines, logged at INFO so a worker run at ``-l info`` shows them."""
 
-    retriable = True
-
-
-class RecordRefused(Exception):
-    """Under exactly_once, a target refused a record for good: the transaction is aborted and
-    the record dead-lettered when its partition is processed again."""
-
-    retriable = True
-
-    def __init__(self, tp: TopicPartition, offset: int, verdict: DeadLetter) -> None:
-        super().__init__(f"{tp}@{offset}: {verdict.detail}")
-        self.tp, self.offset, self.verdict = tp, offset, verdict
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        self.logger.log(max(level, logging.INFO), msg, *args, **kwargs)
 
 
-# Refusals of this record, whoever retries: too large, malformed, not allowed to write there.
-_REFUSED_FOR_GOOD = (
-    MessageSizeTooLargeError, RecordListTooLargeError, CorruptRecordException, InvalidTopicError, TopicAuthorizationFailedError,
-    PolicyViolationError,
-)
-# Errors without aiokafka's retriable flag that are still worth a retry (a timeout, a topic the
-# client has no metadata for yet); anything else unflagged is a bug and reopens the loop.
-_TRANSIENT = (KafkaTimeoutError, UnknownTopicOrPartitionError)
-
-
-def refused_for_good(error: BaseException) -> bool:
-    """True for a write error about this record that no retry can fix (dead-letter it); False
-    for everything else (timeouts, a leader moving, a topic whose metadata is missing for now),
-    which is retried."""
-    return isinstance(error, _REFUSED_FOR_GOOD)
+class _Fenced(Exception):
+    """exactly_once: this member is not the group's member any more; its transaction aborts."""

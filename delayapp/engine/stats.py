@@ -52,7 +52,7 @@ def loop_figures(hop_loop: Any, lag: dict[str, int], *, now_ms: int, window_ms: 
         "pending": {topic: lag.get(topic) for topic in hop_loop.topics},
         "oldest_due_at": min(due_times) if due_times else None,
         "partitions_waiting": sum(1 for t in due_times if t > now_ms),
-        **window_figures(stats.recent, now_ms=now_ms, window_ms=window_ms),
+        **window_figures(list(stats.recent), now_ms=now_ms, window_ms=window_ms),
         "totals": {
             "consumed": stats.consumed, "hops": stats.hops, "delivered": stats.delivered,
             "dead_lettered": stats.dead_lettered, "cancelled": stats.cancelled, "throttled": stats.throttled,
@@ -68,9 +68,9 @@ def engine_figures(loops: Sequence[Any], lag: dict[str, int], *, now_ms: int, wi
     by_target: dict[str, int] = {}
     by_reason: dict[str, int] = {}
     for hop_loop in loops:
-        for target, n in hop_loop.stats.delivered_by_target.items():
+        for target, n in list(hop_loop.stats.delivered_by_target.items()):  # copies: the loop's thread updates them
             by_target[target] = by_target.get(target, 0) + n
-        for reason, n in hop_loop.stats.dead_letters_by_reason.items():
+        for reason, n in list(hop_loop.stats.dead_letters_by_reason.items()):
             by_reason[reason] = by_reason.get(reason, 0) + n
     return {
         "worker": worker,

@@ -232,7 +232,7 @@ async def test_another_producers_open_transaction_is_not_a_stall(bootstrap: str)
     await other.start()
     collector = await Collector(bootstrap, [target]).start()
     try:
-        await wait_for(lambda: hop_loop._consumer is not None and hop_loop._consumer.assignment(), 30, "the loop's assignment")
+        await wait_for(lambda: hop_loop.assignment(), 30, "the loop's assignment")
         due = str(now_ms()).encode()
         headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, due), (h.AWAKE_AT, due)]
         await other.begin_transaction()
