@@ -275,7 +275,8 @@ def console_body(
             "known": len(waiting_due),
             "truncated": waiting_truncated,
             "by_topic": by_topic,
-            "by_topic_svg": bar_chart_svg([(r["topic"], r["pending"] or 0) for r in by_topic], label_width=200),
+            # the chart shows where records are; the table lists every topic, empty ones too
+            "by_topic_svg": bar_chart_svg([(r["topic"], r["pending"]) for r in by_topic if r["pending"]], label_width=200),
         },
         "delivery": {
             "per_second": delivered_per_second,

@@ -2,7 +2,10 @@
 
 Also a small command for the README's screenshots of a running console:
 
-    python -m tests.integration.browser http://127.0.0.1:6066/console docs/console
+    python -m tests.integration.browser http://127.0.0.1:6066/console docs/console [RECORD_ID]
+
+writes ``docs/console-overview.png`` and, with a record id, ``docs/console-lookup.png`` (the
+record looked up, the first dead letter ticked for replay).
 """
 
 from __future__ import annotations
@@ -66,8 +69,17 @@ def screenshot(driver: Any, path: str) -> str:
 if __name__ == "__main__":
     import time
 
-    url, stem = sys.argv[1], sys.argv[2]
+    url, stem, record = sys.argv[1], sys.argv[2], (sys.argv[3:] or [None])[0]
     with chromium() as browser:
         browser.get(url)
         time.sleep(5)  # a command for people, not a test: let the page refresh twice
         print(screenshot(browser, f"{stem}-overview.png"))
+        if record:
+            browser.find_element("id", "lookup-id").send_keys(record)
+            browser.find_element("id", "lookup-go").click()
+            boxes = browser.find_elements("css selector", "#dlq-latest input[type=checkbox]:not([disabled])")
+            if boxes:
+                boxes[0].click()
+            time.sleep(1)
+            browser.execute_script("document.getElementById('lookup-id').scrollIntoView()")
+            print(screenshot(browser, f"{stem}-lookup.png"))
