@@ -16,6 +16,7 @@ from typing import Any
 import faust
 
 from delayapp import faust_driver
+from delayapp.console_feed import DeadLetterTail
 from delayapp.engine.record_states import RecordStatesView
 from delayapp.engine.service import DelayEngine, bootstrap_topics
 from delayapp.engine.topics import TopicLayout
@@ -35,6 +36,7 @@ class DelayApp(faust.App):
 
     engine: DelayEngine | None = None
     record_states: RecordStatesView | None = None
+    dead_letters: DeadLetterTail | None = None
 
     def _new_transport(self) -> Any:
         # Faust's aiokafka driver, reading committed data only and committing offsets only
@@ -97,6 +99,15 @@ class Engine(DelayEngine):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(settings=settings, **kwargs)
         app.engine = self
+
+
+@app.service
+class DeadLetters(DeadLetterTail):
+    """The console's view of the dead-letter topic (reads nothing until the console is opened)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(settings=settings, layout=layout, **kwargs)
+        app.dead_letters = self
 
 
 from delayapp import web  # noqa: E402,F401  registers the HTTP views

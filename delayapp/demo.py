@@ -132,6 +132,7 @@ async def main() -> None:
           f"through {ingress} (ladder {settings.ladder}, longest {format_duration(parse_duration(WAVE[-1]))})", flush=True)
     ready = asyncio.Event()
     web = f"http://{settings.web_host}:{settings.web_port}"
+    print(f"[demo] console: open {web}/console in a browser (what waits, lateness, dead letters; refreshes every 2 s)", flush=True)
     tasks = [asyncio.create_task(show_deliveries(kafka, ready)), asyncio.create_task(produce_waves(kafka, ingress, ready, web))]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -23,7 +23,8 @@ Exactness rests on two things:
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable
+from collections import deque
+from typing import Any, Callable, Iterator
 
 import orjson
 
@@ -34,6 +35,7 @@ FIELDS = (
 
 
 FINAL = frozenset({"delivered", "dead_lettered", "cancelled"})
+RECENT_FINALS = 20_000  # final steps kept for the console's windowed figures (cluster-wide)
 
 
 def is_final(state: Any) -> bool:
@@ -107,6 +109,8 @@ class RecordStateStore:
         self._states: dict[bytes, tuple[tuple[int, bool, int], bytes]] = {}
         self._expiry = ExpiryIndex()
         self.malformed = 0  # records that were not a state (logged by the reader, never applied)
+        # The latest final steps folded, raw (the console's lateness per target reads them).
+        self.recent_finals: deque[bytes] = deque(maxlen=RECENT_FINALS)
 
     def __len__(self) -> int:
         return len(self._states)
@@ -144,7 +148,26 @@ class RecordStateStore:
         self._states[key] = (order, value)
         if order[1]:
             self._expiry.add(key, event)
+            self.recent_finals.append(value)
         return True
+
+    def waiting(self, limit: int) -> Iterator[dict[str, Any]]:
+        """The states of records still in delayapp (not final), at most ``limit`` of them;
+        final states are skipped without decoding them."""
+        for order, raw in list(self._states.values()):
+            if order[1]:
+                continue
+            if limit <= 0:
+                return
+            limit -= 1
+            event = orjson.loads(raw)
+            yield {name: event.get(name) for name in FIELDS}
+
+    def finals(self) -> Iterator[dict[str, Any]]:
+        """The latest final steps folded (at most :data:`RECENT_FINALS`), oldest first."""
+        for raw in list(self.recent_finals):
+            event = orjson.loads(raw)
+            yield {name: event.get(name) for name in FIELDS}
 
     def expire(self, *, now_ms: int, limit: int) -> int:
         """Forget final states older than the TTL, looking at ``limit`` of them at most; how many went."""

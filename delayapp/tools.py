@@ -12,7 +12,7 @@ import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Iterable, Iterator
+from typing import Any, AsyncIterator, Callable, Collection, Iterable, Iterator
 from urllib.parse import quote
 
 import aiohttp
@@ -327,11 +327,13 @@ async def read_replay_markers(settings: Settings, layout: TopicLayout) -> dict[s
 
 async def scan_dead_letters(
     settings: Settings, layout: TopicLayout, selection: ReplayFilter, *, limit: int | None = None, skip_replayed: bool = False,
+    keys: Collection[str] | None = None,
 ) -> DeadLetterScan:
     """Read the dead-letter topic to its end and keep the dead letters ``selection`` matches.
 
     ``limit`` keeps at most that many (``truncated`` says when more matched);
-    ``skip_replayed`` leaves out those with a replay marker (they do not count to ``limit``).
+    ``skip_replayed`` leaves out those with a replay marker (they do not count to ``limit``);
+    ``keys`` (marker keys, ``topic/partition/offset``) keeps only those dead letters.
     """
     scan = DeadLetterScan(markers=await read_replay_markers(settings, layout))
     async for record in scan_topic(settings, layout.dead_letter):
@@ -341,6 +343,8 @@ async def scan_dead_letters(
         if not selection.matches_info(info):
             continue
         dead = DeadLetter(record, headers, info)
+        if keys is not None and dead.marker_key not in keys:
+            continue
         if skip_replayed and scan.replayed(dead) is not None:
             scan.skipped_replayed += 1
             continue
@@ -371,6 +375,8 @@ async def replay_dead_letters(
     delay_ms: int | None = None,
     dry_run: bool = False,
     limit: int | None = None,
+    keys: Collection[str] | None = None,
+    by: str = "cli",
     on_start: Callable[[int], None] = lambda total: None,
     on_progress: Callable[[int], None] = lambda done: None,
 ) -> ReplayReport:
@@ -380,10 +386,11 @@ async def replay_dead_letters(
     and each replay writes one. With transactions (real Kafka) record and marker are one
     transaction; without (the embedded broker) the record goes first, then its marker, so a
     crash between the two can replay that one record again on the next run (at-least-once;
-    its ``recordId`` is unchanged, so consumers de-duplicate it). ``on_start(total)`` and
-    ``on_progress(n)`` drive a progress bar.
+    its ``recordId`` is unchanged, so consumers de-duplicate it). ``keys`` replays only the
+    dead letters with these marker keys (the console's selection); ``by`` names the replayer
+    in the markers. ``on_start(total)`` and ``on_progress(n)`` drive a progress bar.
     """
-    scan = await scan_dead_letters(settings, layout, selection, limit=limit, skip_replayed=True)
+    scan = await scan_dead_letters(settings, layout, selection, limit=limit, skip_replayed=True, keys=keys)
     report = ReplayReport(dry_run=dry_run, selected=len(scan.selected) + scan.skipped_replayed, already_replayed=scan.skipped_replayed)
     todo: list[tuple[DeadLetter, list[tuple[str, bytes]]]] = []
     now = now_ms()
@@ -400,9 +407,9 @@ async def replay_dead_letters(
         report.transactional = await probe_transactions(settings, required=False)
     on_start(len(todo))
     if report.transactional:
-        await _replay_transactional(settings, layout, todo, report, on_progress)
+        await _replay_transactional(settings, layout, todo, report, on_progress, by)
     else:
-        await _replay_record_then_marker(settings, layout, todo, report, on_progress)
+        await _replay_record_then_marker(settings, layout, todo, report, on_progress, by)
     return report
 
 
@@ -417,27 +424,31 @@ def _quiet(logger_name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
-async def _send_one(producer: AIOKafkaProducer, layout: TopicLayout, dead: DeadLetter, headers: list[tuple[str, bytes]]) -> str:
+async def _send_one(producer: AIOKafkaProducer, layout: TopicLayout, dead: DeadLetter, headers: list[tuple[str, bytes]], by: str) -> str:
     meta = await producer.send_and_wait(layout.ingress, dead.record.value, key=dead.record.key, headers=headers)
     where = f"{meta.topic}/{meta.partition}/{meta.offset}"
     # the Spark dlq-replay job's marker fields, plus where the record went
-    marker = {"replayedAt": now_ms(), "recordId": dead.info.record_id, "reason": dead.info.reason, "by": "cli", "to": where}
+    marker = {"replayedAt": now_ms(), "recordId": dead.info.record_id, "reason": dead.info.reason, "by": by, "to": where}
     await producer.send_and_wait(layout.dead_letter_replayed, orjson.dumps(marker), key=dead.marker_key.encode())
     return where
 
 
-async def _replay_record_then_marker(settings: Settings, layout: TopicLayout, todo: list, report: ReplayReport, on_progress: Callable[[int], None]) -> None:
+async def _replay_record_then_marker(
+    settings: Settings, layout: TopicLayout, todo: list, report: ReplayReport, on_progress: Callable[[int], None], by: str,
+) -> None:
     producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all")
     await producer.start()
     try:
         for dead, headers in todo:
-            report.replayed.append((dead, await _send_one(producer, layout, dead, headers)))
+            report.replayed.append((dead, await _send_one(producer, layout, dead, headers, by)))
             on_progress(1)
     finally:
         await producer.stop()
 
 
-async def _replay_transactional(settings: Settings, layout: TopicLayout, todo: list, report: ReplayReport, on_progress: Callable[[int], None]) -> None:
+async def _replay_transactional(
+    settings: Settings, layout: TopicLayout, todo: list, report: ReplayReport, on_progress: Callable[[int], None], by: str,
+) -> None:
     # One fixed transactional id: a second replay running at the same time fences the first.
     producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all", transactional_id=f"{settings.topic_prefix}.dlq-replay")
     await producer.start()
@@ -445,7 +456,7 @@ async def _replay_transactional(settings: Settings, layout: TopicLayout, todo: l
         for start in range(0, len(todo), REPLAY_TRANSACTION_SIZE):
             chunk = todo[start:start + REPLAY_TRANSACTION_SIZE]
             async with producer.transaction():
-                done = [(dead, await _send_one(producer, layout, dead, headers)) for dead, headers in chunk]
+                done = [(dead, await _send_one(producer, layout, dead, headers, by)) for dead, headers in chunk]
             report.replayed.extend(done)  # counted once committed
             on_progress(len(done))
     finally:

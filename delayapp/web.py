@@ -9,15 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from importlib import resources
 from typing import Any
 
 import orjson
 from faust.web import Request, Response, View
 
-from delayapp import api
+from delayapp import api, tools
 from delayapp.application import app, layout, settings
 from delayapp.client import cancel
+from delayapp.console_feed import ConsoleFeed
 from delayapp.core.cancel import CancelRequest, applies_to
+from delayapp.core.durations import parse_duration
+from delayapp.core.replay import ReplayFilter
+from delayapp.errors import ConfigError
+
+MAX_REPLAY_KEYS = 1_000
+_console = ConsoleFeed(settings=settings, layout=layout)
 
 
 def _engine() -> Any:
@@ -176,6 +184,61 @@ class Schedule(View):
             {"record_id": wanted.record_id, "topic": written.topic, "partition": written.partition, "offset": written.offset},
             status=202,
         )
+
+
+def replay_request(body: Any) -> tuple[frozenset[str], int | None]:
+    """The dead letters (marker keys) and optional new delay of a ``POST /delay/dead-letters/replay`` body."""
+    if not isinstance(body, dict) or not isinstance(body.get("keys"), list) or not body["keys"]:
+        raise _Problem(400, 'the body must be {"keys": ["<topic>/<partition>/<offset>", ...], "delay": "30s" (optional)}')
+    keys = body["keys"]
+    if len(keys) > MAX_REPLAY_KEYS or not all(isinstance(k, str) and k.count("/") >= 2 for k in keys):
+        raise _Problem(400, f"keys: at most {MAX_REPLAY_KEYS} dead letters named <topic>/<partition>/<offset>")
+    delay = body.get("delay")
+    try:
+        return frozenset(keys), None if delay in (None, "") else parse_duration(delay)
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise _Problem(400, f"delay: {exc}") from None
+
+
+@app.page("/delay/dead-letters/replay")
+class ReplayDeadLetters(View):
+    """Send the named dead letters back to the ingress topic, each at most once (needs the API
+    token): the code path of ``faust -A delayapp dlq replay``, markers written ``by: http``."""
+
+    async def post(self, request: Request) -> Response:
+        try:
+            _authorise(request)
+            keys, delay_ms = replay_request(await _json_body(request))
+            report = await tools.replay_dead_letters(settings, layout, ReplayFilter(), keys=keys, delay_ms=delay_ms, by="http")
+        except _Problem as problem:
+            return _refuse(self, problem)
+        return self.json({
+            "selected": report.selected,
+            "already_replayed": report.already_replayed,
+            "replayed": [{"key": d.marker_key, "record_id": d.info.record_id, "to": where} for d, where in report.replayed],
+            "unreplayable": [{"key": d.marker_key, "why": why} for d, why in report.unreplayable],
+            "transactional": report.transactional,
+        })
+
+
+@app.page("/console")
+class Console(View):
+    """The operator console: one page that refreshes itself from ``/console/data`` (no internet needed)."""
+
+    async def get(self, request: Request) -> Response:
+        page = resources.files("delayapp").joinpath("console.html").read_text(encoding="utf-8")
+        return self.html(page)
+
+
+@app.page("/console/data")
+class ConsoleData(View):
+    """Every figure of the console page as JSON (see :mod:`delayapp.console`)."""
+
+    async def get(self, request: Request) -> Response:
+        try:
+            return self.json(_console.body(_engine(), app.record_states, app.dead_letters))
+        except _Problem as problem:
+            return _refuse(self, problem)
 
 
 @app.page("/metrics")
