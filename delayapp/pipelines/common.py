@@ -24,6 +24,11 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*]), e.g. spark://host:7077, yarn, k8s://...")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration (repeatable)")
+    parser.add_argument(
+        "--py-files", action="append", default=[], metavar="PATHS",
+        help="zips or .py files for the executors' sys.path, as spark-submit's --py-files (comma-separated, repeatable); "
+        "e.g. the zip of `python -m delayapp.pipelines package-zip` for executors without delayapp installed",
+    )
     parser.add_argument("--broker", help="Kafka bootstrap servers (default: DELAYAPP_BROKER / KAFKA_BROKER)")
     parser.add_argument("--prefix", help="delayapp topic prefix (default: DELAYAPP_TOPIC_PREFIX)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -103,8 +108,9 @@ def run_job(
         settings = settings_for(args)
         if spark is None:
             conf = dict(item.split("=", 1) for item in args.conf)
+            py_files = [path.strip() for item in args.py_files for path in item.split(",") if path.strip()]
             with progress.step(f"starting Spark ({args.master or 'local[*]'})"):
-                spark = build_session(f"delayapp-{job}", args.master, conf)
+                spark = build_session(f"delayapp-{job}", args.master, conf, py_files)
         context = JobContext(settings, TopicLayout(settings.topic_prefix, settings.ladder), kafka_options(settings), spark, progress)
         return body(context)
     except DelayAppError as exc:

@@ -24,7 +24,8 @@ latest offset of multi-record batches; a plain watermark would make a batch read
 and a stream never see them.
 
 Clients are created inside ``read()``/``write()`` and the driver-side planning calls, never
-kept on the (pickled) reader objects: Spark's Python workers are forked processes.
+kept on the (pickled) reader objects: Spark's Python workers are forked processes, on a
+cluster in other executor JVMs on other machines (the tests run in ``local-cluster`` mode too).
 """
 
 from __future__ import annotations

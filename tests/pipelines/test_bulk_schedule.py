@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 def _rows(target: str) -> pd.DataFrame:
     soon = int(time.time() * 1000) + 1_500
-    rows = [{"id": f"order-{i}", "target": target, "key": f"k{i}", "value": json.dumps({"i": i}), "due_at": str(soon + 50 * i), "delay": None, "headers": json.dumps({"trace": f"t{i}"})} for i in range(8)]
+    rows = [{"id": f"{target}-order-{i}", "target": target, "key": f"k{i}", "value": json.dumps({"i": i}), "due_at": str(soon + 50 * i), "delay": None, "headers": json.dumps({"trace": f"t{i}"})} for i in range(8)]
     rows += [{"id": None, "target": target, "key": f"d{i}", "value": f"v{i}", "due_at": None, "delay": f"{300 + 100 * i}ms", "headers": None} for i in range(6)]
     twin = {"id": None, "target": target, "key": "twin", "value": "same", "due_at": None, "delay": "1s", "headers": None}
     return pd.DataFrame(rows + [twin, dict(twin)])  # identical rows are two records
