@@ -136,7 +136,7 @@ class ConsoleFeed:
         waiting = [s for s in store.waiting(WAITING_LIMIT + 1) if not _cancelled(engine, s)] if store is not None else []
         body = console_body(
             stats=engine.stats(),
-            heads=[Head(lp.name, tp.topic, tp.partition, awake) for lp in engine.loops for tp, awake in lp.pending_heads().items()],
+            heads=[Head(lp.name, topic, partition, awake) for lp in engine.loops for (topic, partition), awake in lp.pending_heads().items()],
             limits=head_limits(self.settings, self.layout),
             waiting_due=[s.get("reactivate_at") for s in waiting[:WAITING_LIMIT]],
             waiting_truncated=len(waiting) > WAITING_LIMIT,

@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     max_queued_bytes: int = Field(
         64 * 1_048_576, ge=1_048_576, description="bytes of fetched, unprocessed records one loop holds at most (its partitions pause beyond)"
     )
+    librdkafka_config: str = Field(
+        "", description="extra librdkafka properties for the record loops' clients, comma-separated key=value "
+        "(applied last; e.g. socket.keepalive.enable=true,client.rack=eu-1a)",
+    )
     librdkafka_debug: str | None = Field(
         None, description="librdkafka debug contexts for the record loops' clients, e.g. cgrp,fetch (logged at debug level by delayapp.librdkafka)",
     )
@@ -233,7 +237,7 @@ class Settings(BaseSettings):
             kwargs["ssl_context"] = self.ssl_context()
         return kwargs
 
-    def librdkafka_config(self) -> dict[str, Any]:
+    def librdkafka_connection(self) -> dict[str, Any]:
         """Connection and security properties shared by every librdkafka (confluent-kafka) client."""
         config: dict[str, Any] = {"bootstrap.servers": self.broker, "security.protocol": self.security_protocol}
         if self.sasl_mechanism:
@@ -246,6 +250,16 @@ class Settings(BaseSettings):
                 if value:
                     config[key] = value
         return config
+
+    def librdkafka_overrides(self) -> dict[str, str]:
+        """``librdkafka_config`` as a dict; a clear error for an item that is not key=value."""
+        overrides = {}
+        for item in filter(None, (part.strip() for part in self.librdkafka_config.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"DELAYAPP_LIBRDKAFKA_CONFIG: {item!r} is not key=value (librdkafka property names, comma-separated)")
+            overrides[key.strip()] = value.strip()
+        return overrides
 
     def ssl_context(self) -> ssl.SSLContext:
         """A TLS context from the CA, certificate and key files."""

@@ -214,6 +214,7 @@ class HopLoop(Service):
         self._next_watchdog_s = 0.0
         self._broken: BaseException | None = None  # an error inside a librdkafka callback: the loop reopens
         self._joined = False  # True from an assignment to the next revocation: the group is not rebalancing
+        self._joined_at = 0.0  # monotonic s of the last assignment
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._state_lock = threading.Lock()  # the loop's partitions, against readers on the event loop
@@ -251,9 +252,10 @@ class HopLoop(Service):
         self._stopping.set()
         thread = self._thread
         if thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, thread.join, 15)
+            limit_s = self.settings.session_timeout_ms / 1000 + 15  # settling in the group (see _finish_joining), then the batch
+            await asyncio.get_running_loop().run_in_executor(None, thread.join, limit_s)
             if thread.is_alive():
-                log.warning("%s: loop did not finish its batch within 15 s", self.label)
+                log.warning("%s: loop did not finish its batch within %.0f s", self.label, limit_s)
 
     def _set_running(self, running: bool) -> None:
         if self._aio is not None and not self._aio.is_closed():
@@ -288,8 +290,9 @@ class HopLoop(Service):
 
     def _open(self) -> None:
         s = self.settings
-        common = {**s.librdkafka_config(), "client.id": f"{s.app_id}-{self.name}", "logger": librdkafka_log,
+        common = {**s.librdkafka_connection(), "client.id": f"{s.app_id}-{self.name}", "logger": librdkafka_log,
                   "error_cb": self._client_error}
+        overrides = s.librdkafka_overrides()  # the operator's word last
         if s.librdkafka_debug:  # asked for: shown at the worker's usual log level
             common.update(debug=s.librdkafka_debug, logger=_AtLeastInfo(librdkafka_log, {}))
         write_timeout = s.emit_timeout + 5_000  # our own limit (emit_timeout) binds first
@@ -310,7 +313,7 @@ class HopLoop(Service):
                 "transactional.id": f"{s.topic_prefix}.{self.name}.{s.worker_instance_id}",
                 "transaction.timeout.ms": max(60_000, write_timeout),
             })
-        self._producer = Producer(producer_config)
+        self._producer = Producer({**producer_config, **overrides})
         if self.exactly_once:
             self._producer.init_transactions(s.emit_timeout / 1000)
         self._consumer = Consumer({
@@ -332,6 +335,7 @@ class HopLoop(Service):
             "queued.max.messages.kbytes": max(1024, s.max_queued_bytes // 1024 // 4),
             "partition.assignment.strategy": "range",
             "on_commit": self._committed,
+            **overrides,
         })
         self._joined = False
         self._consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -360,14 +364,20 @@ class HopLoop(Service):
         del consumer, producer  # librdkafka handles are destroyed with their last reference
 
     def _finish_joining(self, consumer: Consumer) -> None:
-        """Before leaving the group, let a join in progress complete (at most a session timeout).
+        """Before leaving the group, be a settled member: joined, and still joined after a
+        heartbeat and a half (at most a session timeout in all).
 
-        The embedded broker keeps a member that leaves while its JoinGroup is pending as the
-        leader of the next generations, for ever: every other member then waits for an
-        assignment that never comes (broker-notes). Leaving from a steady state avoids it; what
-        is fetched meanwhile is dropped uncommitted (the next owner reads it again)."""
-        deadline = time.monotonic() + self.settings.session_timeout_ms / 1000
-        while not self._joined and time.monotonic() < deadline:
+        The embedded broker (Tansu 0.6) keeps the leader id of a member that leaves while the
+        group rebalances, and waits for ever for that leader's assignment: every other member
+        then stays without partitions (broker-notes; found by the chaos test). A member learns
+        of a rebalance from its next heartbeat, so it leaves only after one has passed without
+        news. What is fetched meanwhile is dropped uncommitted (the next owner reads it again)."""
+        started = time.monotonic()
+        deadline = started + self.settings.session_timeout_ms / 1000
+        settled_after_s = 1.5 * self.settings.heartbeat_interval_ms / 1000
+        while time.monotonic() < deadline:
+            if self._joined and time.monotonic() - max(started, self._joined_at) >= settled_after_s:
+                return
             consumer.consume(self.settings.max_batch, 0.1)
 
     def _client_error(self, error: KafkaError) -> None:
@@ -396,7 +406,7 @@ class HopLoop(Service):
                 self.parts.adopt((tp.topic, tp.partition), offset, tp.metadata, now_s=now_s)
                 starts.append(TopicPartition(tp.topic, tp.partition, offset if offset is not None else OFFSET_BEGINNING))
         consumer.assign(starts)
-        self._joined = True
+        self._joined, self._joined_at = True, time.monotonic()
         self.stats.rebalances += 1
         log.info("%s: assigned %d partitions of %s", self.label, len(partitions), self.topic)
 
