@@ -15,16 +15,16 @@ from delayapp.pipelines.session import PACKAGE_ZIP
 pytestmark = pytest.mark.integration
 
 
-def _where(_: object) -> list[tuple[str, int, str, str]]:
-    """Inside a task: its working directory, its process, and where delayapp and the data source came from."""
-    import delayapp
-    import delayapp.pipelines.kafka_source as source
-
-    return [(os.getcwd(), os.getpid(), delayapp.__file__, source.__file__)]
-
-
 def test_tasks_run_where_the_mode_says(spark, spark_mode, spark_home):
-    seen = spark.sparkContext.parallelize(range(8), 8).mapPartitions(_where).collect()
+    def where(_: object) -> list[tuple[str, int, str, str]]:
+        """Inside a task: its working directory, its process, and where delayapp and the data source
+        came from. Nested, so it is pickled by value: executors cannot import this test module."""
+        import delayapp
+        import delayapp.pipelines.kafka_source as source
+
+        return [(os.getcwd(), os.getpid(), delayapp.__file__, source.__file__)]
+
+    seen = spark.sparkContext.parallelize(range(8), 8).mapPartitions(where).collect()
     workdirs = {cwd for cwd, *_ in seen}
     if spark_mode == "local":
         assert workdirs == {os.getcwd()}  # Python workers forked by the one JVM
