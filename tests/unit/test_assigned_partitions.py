@@ -3,27 +3,14 @@ out once, pauses, poll timeouts, rewinds and what counts as stuck."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayapp.core.partition import AssignedPartitions, Pending
+from delayapp.core.partition import AssignedPartitions
 
-NOW = 1_800_000_000_000
+from .test_partition_state import NOW, fetched  # one partition's fixtures, shared
+
 MAIN, LANE = ("delay.1s", 0), ("delay.1s.priority", 0)
-
-
-@dataclass(frozen=True)
-class Until:
-    """A step saying: not due before ``until_ms``."""
-
-    until_ms: int
-
-
-def fetched(*offsets: int, awake: dict[int, int] | None = None) -> list[Pending]:
-    awake = awake or {}
-    return [Pending(o, f"record-{o}", awake.get(o), 100) for o in offsets]
 
 
 def assigned(*keys: tuple[str, int], committed: int | None = 0) -> AssignedPartitions:
