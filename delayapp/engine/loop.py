@@ -196,7 +196,6 @@ class HopLoop(Service):
         self.clock = clock if clock is not None else GuardedClock()
         self.stats = LoopStats()
         self.exactly_once = settings.processing_guarantee is Guarantee.EXACTLY_ONCE
-        self.release_ahead = settings.release_ahead
         self.parts = AssignedPartitions(priority_topic=priority_topic, release_ahead=settings.release_ahead)
         self.running = asyncio.Event()
         # called with the target topics a fetched batch names, before it is decided (a coroutine, run on the worker's event loop)
@@ -416,7 +415,7 @@ class HopLoop(Service):
         # 2. Drop what was fetched for the revoked partitions.
         self._joined = False
         try:
-            self._finish(commit=True)
+            self._finish()
         except Exception as exc:
             log.warning("%s: could not commit before the rebalance (%s); the next owner redoes it", self.label, exc)
             self._abandon()
@@ -673,25 +672,28 @@ class HopLoop(Service):
     def _settle(self, *, wait_s: float) -> None:
         """at_least_once: serve acknowledgements, then commit, in order, every batch whose writes
         are all acknowledged; a failed batch rewinds every partition still in flight."""
-        producer, consumer = self._producer, self._consumer
-        assert producer is not None and consumer is not None
+        producer = self._producer
+        assert producer is not None
         producer.poll(wait_s)
+        # the front batch is the oldest: if it is within the limit, so is every other
+        if self._in_flight and time.monotonic() - self._in_flight[0].started_s > self.settings.emit_timeout / 1000:
+            raise EmitTimeout(f"writing a batch and committing took over {self.settings.emit_timeout} ms")
+        done, error = self._pop_acknowledged()
+        self._commit(done)
+        if error is not None:
+            self._fail(error)
+
+    def _pop_acknowledged(self) -> tuple[dict[PartitionKey, tuple[int, str]], KafkaError | None]:
+        """Take from the front the batches whose writes are all acknowledged: their commit points
+        merged, and the error of the first failed one (left in flight; None when none failed)."""
         done: dict[PartitionKey, tuple[int, str]] = {}
-        limit_s, now_s = self.settings.emit_timeout / 1000, time.monotonic()
-        while self._in_flight:
+        while self._in_flight and not self._in_flight[0].pending:
             batch = self._in_flight[0]
-            if now_s - batch.started_s > limit_s:  # done or not: it took too long, and is not committed
-                self._commit(done)
-                raise EmitTimeout(f"writing a batch and committing took over {self.settings.emit_timeout} ms")
-            if batch.pending:
-                break
             if batch.error is not None:
-                self._commit(done)
-                self._fail(batch.error)
-                return
+                return done, batch.error
             self._in_flight.popleft()
             done.update(batch.offsets)
-        self._commit(done)
+        return done, None
 
     def _commit(self, offsets: dict[PartitionKey, tuple[int, str]], *, wait: bool = False) -> None:
         """at_least_once: commit ``offsets`` (with their released-ahead metadata)."""
@@ -799,8 +801,8 @@ class HopLoop(Service):
         producer.abort_transaction(self.settings.emit_timeout / 1000)
         self._rewind(set().union(*(b.partitions for b in batches)))
 
-    def _finish(self, *, commit: bool) -> None:
-        """Settle everything in flight now (before a rebalance or a stop)."""
+    def _finish(self) -> None:
+        """Settle everything in flight now and commit it (before a rebalance or a stop)."""
         if self._producer is None or self._consumer is None:
             return
         if self.exactly_once:
@@ -808,14 +810,9 @@ class HopLoop(Service):
                 self._commit_transaction()
             return
         self._producer.flush(self.settings.emit_timeout / 1000)
-        done: dict[PartitionKey, tuple[int, str]] = {}
-        for batch in self._in_flight:
-            if batch.error is not None or batch.pending:
-                break
-            done.update(batch.offsets)
+        done, _ = self._pop_acknowledged()  # a failed batch and those after it: the next owner redoes them
         self._in_flight.clear()
-        if commit and done:
-            self._commit(done, wait=True)
+        self._commit(done, wait=True)
 
     def _abandon(self) -> None:
         """Drop what is in flight without committing it (the new owners redo it)."""
