@@ -21,7 +21,7 @@ from typing import Any
 
 from bench import engine, redis_baseline, relay
 from bench.common import machine, repeat
-from delayapp.broker import EmbeddedBroker
+from delayapp.dev.embedded_broker import EmbeddedBroker
 
 SECTIONS = ("relay", "hops", "mix", "lateness", "backlog", "recovery", "redis")
 OFFLINE_SECTIONS = {"mix"}  # computed from the planner alone

@@ -5,19 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaProducer
 
-from delayapp.chaos.procs import create_topics, unique  # noqa: F401  (shared with tests and chaos)
+from delayapp.dev.chaos.procs import create_topics, unique  # noqa: F401  (shared with tests and chaos)
 
 VALUE_1KB = b"v" * 1000
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def machine() -> dict:

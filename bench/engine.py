@@ -11,17 +11,18 @@ import time
 import psutil
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from bench.common import VALUE_1KB, create_topics, now_ms, percentile, preload, unique
+from bench.common import VALUE_1KB, create_topics, percentile, preload, unique
 from bench.relay import HEADERS
-from delayapp.chaos.procs import TopicCollector, WorkerProcess, embedded_broker_env
 from delayapp.core import headers as h
+from delayapp.core.clock import now_ms
 from delayapp.core.ladder import Ladder
 from delayapp.core.mixes import histogram
 from delayapp.core.planner import Planner, greedy_plan
+from delayapp.dev.chaos.procs import TopicCollector, WorkerProcess, embedded_broker_env
+from delayapp.engine.bootstrap import bootstrap_topics
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.loop import HopLoop
-from delayapp.engine.service import bootstrap_topics, build_policy
-from delayapp.engine.topics import TopicLayout
+from delayapp.engine.service import build_policy
 from delayapp.settings import load_settings
 
 
@@ -31,7 +32,7 @@ async def hop_throughput(bootstrap: str, count: int, *, audit: bool, partitions:
     settings = load_settings(broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s,1m", partitions=partitions,
                              session_timeout_ms=6000, heartbeat_interval_ms=1500, max_batch=1000,
                              allowed_targets=f"{prefix}-*")
-    layout = TopicLayout(prefix, settings.ladder)
+    layout = settings.topic_layout()
     await bootstrap_topics(settings, layout)
     sink = f"{prefix}-sink"
     await create_topics(bootstrap, sink, partitions=partitions)

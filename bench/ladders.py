@@ -15,9 +15,9 @@ import time
 
 from delayapp.core.durations import parse_duration
 from delayapp.core.ladder import DEFAULT_LADDER, PAPER_STYLE_LADDER, Ladder
+from delayapp.core.layout import TopicLayout
 from delayapp.core.mixes import MIXES, REFERENCE_SIZE, blended_histogram, histogram
 from delayapp.core.planner import Planner
-from delayapp.engine.topics import TopicLayout
 
 MAX_DELAY = parse_duration("7d")
 
@@ -33,7 +33,12 @@ def row(label: str, ladder: Ladder, mixes: dict[str, list[tuple[int, int]]]) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from delayapp.pipelines.optimizer import PENALTY, propose, search_space, serial_evaluator  # imports pyspark: only here
+    from delayapp.pipelines.optimizer import (  # imports pyspark: only here
+        PENALTY,
+        propose,
+        search_space,
+        serial_evaluator,
+    )
 
     parser = argparse.ArgumentParser(prog="python -m bench.ladders", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--denominations", default="9", help="comma-separated k values (default 9; e.g. 8,9,10,11,12)")

@@ -20,8 +20,9 @@ import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from bench.common import create_topics, now_ms, percentile, unique
-from delayapp.broker import free_port, wait_for_port
+from bench.common import create_topics, percentile, unique
+from delayapp.core.clock import now_ms
+from delayapp.dev.embedded_broker import free_port, wait_for_port
 
 KEY = "blackbox-delay-key"
 

@@ -19,7 +19,8 @@ forbid_topic_auto_creation()
 
 def __getattr__(name: str) -> Any:
     if name == "app":
-        from delayapp.application import app
+        # Lazily: the producer helpers and the pure core load without configuring Faust.
+        from delayapp.faustapp import app
 
         return app
     raise AttributeError(f"module 'delayapp' has no attribute {name!r}")

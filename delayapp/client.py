@@ -12,12 +12,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable
 
+import faust
+
 from delayapp.core import headers as h
 from delayapp.core.backoff import ExponentialBackoff, backoff_ms
 from delayapp.core.cancel import CancelRequest, encode_cancel
+from delayapp.core.clock import now_ms
 from delayapp.core.durations import parse_duration
+from delayapp.core.layout import TopicLayout
 from delayapp.core.policies import LOG_APPEND_TIME, Reason
-from delayapp.engine.handler import now_ms
+from delayapp.settings import Settings, load_settings
 
 
 def _epoch_ms(when: datetime | int) -> int:
@@ -115,14 +119,14 @@ async def retry_later(
     it came from) after a backoff, with ``timeRetried`` + 1.
 
     Past the configured ``max_retries`` the event goes to the dead-letter topic instead,
-    with reason ``retries-exhausted``. Key, value and other headers are kept.
+    with reason ``retries-exhausted``. Key, value and other headers are kept. ``app`` (default:
+    the event's) is the Faust app to send with.
     """
-    import faust
-
-    from delayapp.application import app as default_app, layout, settings
-
-    app = app or default_app
     event = event or faust.current_event()
+    app = app or event.app
+    # delayapp's app carries its settings and topics; another app's agent reads them from the environment
+    settings: Settings = getattr(app, "delay_settings", None) or load_settings()
+    layout: TopicLayout = getattr(app, "layout", None) or settings.topic_layout()
     message = event.message
     raw_headers = message.headers.items() if hasattr(message.headers, "items") else message.headers
     state, passthrough = h.decode(list(raw_headers or ()))

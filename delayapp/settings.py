@@ -7,7 +7,6 @@ Environment variables are ``DELAYAPP_<NAME>`` (``KAFKA_BROKER`` also sets the br
 from __future__ import annotations
 
 import enum
-import os
 import socket
 import ssl
 from functools import cached_property
@@ -16,12 +15,12 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from delayapp.compat.translation import is_topic_name
 from delayapp.core.durations import format_duration, parse_duration
+from delayapp.core.headers import is_topic_name
 from delayapp.core.ladder import DEFAULT_LADDER, Ladder
+from delayapp.core.layout import TopicLayout
 from delayapp.core.throttle import TargetRate, parse_rates
 from delayapp.errors import ConfigError
-
 
 DURATION_FIELDS = (
     "retention_margin", "dead_letter_retention", "max_delay", "max_overdue", "liveness_threshold", "stats_window", "record_state_ttl",
@@ -44,7 +43,7 @@ def _ms(value: Any) -> int:
 
 
 class Settings(BaseSettings):
-    """delayapp's configuration; read from the environment at import of :mod:`delayapp.app`."""
+    """delayapp's configuration; read from the environment by :func:`load_settings` (the Faust app reads it once, at import of :mod:`delayapp.faustapp.app`)."""
 
     model_config = SettingsConfigDict(env_prefix="DELAYAPP_", extra="ignore", frozen=True, populate_by_name=True)
 
@@ -223,6 +222,10 @@ class Settings(BaseSettings):
         """This worker's stable id: set explicitly, or host name plus web port (unique per host)."""
         return self.instance_id or f"{socket.gethostname()}-{self.web_port}"
 
+    def topic_layout(self) -> TopicLayout:
+        """The names of every topic these settings make delayapp own (the one place a layout is built from settings)."""
+        return TopicLayout(self.topic_prefix, self.ladder, with_compat_envelope=self.compat_envelope)
+
     def kafka_client_kwargs(self) -> dict[str, Any]:
         """Connection and security keyword arguments shared by every aiokafka client."""
         kwargs: dict[str, Any] = {
@@ -292,11 +295,6 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except Exception as exc:  # pydantic's ValidationError: say it as a config error
         raise ConfigError(f"invalid delayapp settings: {exc}") from None
-
-
-def env_flag(name: str) -> bool:
-    """True when environment variable ``name`` is set to 1/true/yes."""
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
 
 def markdown_table() -> str:

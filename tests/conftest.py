@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from delayapp.broker import EmbeddedBroker
+from delayapp.dev.embedded_broker import EmbeddedBroker
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from delayapp.compat.translation import Translation, is_topic_name, with_routing
+from delayapp.compat.translation import Translation, with_routing
 from delayapp.core import headers as h
 from delayapp.core.policies import DeadLetter, Reason
 
@@ -52,7 +52,7 @@ def _malformed(detail: str) -> DeadLetter:
 def _target(topic: Any) -> str | DeadLetter:
     if not isinstance(topic, str):
         return _malformed(f"\"topic\" must be a string, got {type(topic).__name__}")
-    if not is_topic_name(topic):
+    if not h.is_topic_name(topic):
         return _malformed(f"\"topic\" is not a valid Kafka topic name: {topic[:80]!r}")
     return topic
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from delayapp.compat.handler import cesium_handler, envelope_handler
+from delayapp.compat.translating_handler import cesium_handler, envelope_handler
+from delayapp.core.layout import TopicLayout
 from delayapp.core.policies import Reason
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.loop import HopLoop
-from delayapp.engine.topics import TopicLayout
 from delayapp.errors import ConfigError
 from delayapp.settings import Settings
 

@@ -10,20 +10,10 @@ from typing import Iterable
 
 from delayapp.core import headers as h
 from delayapp.core.policies import DeadLetter, Reason
-from delayapp.errors import HeaderError
 
 # Headers the translation sets itself; a source record that already carries one is
 # ambiguous (which destination, which due time?), so it is dead-lettered rather than guessed.
 ROUTING_HEADERS = frozenset(h.REMOVABLE)
-
-
-def is_topic_name(name: str) -> bool:
-    """True for a valid Kafka topic name (the rule the ``reactivateToTopic`` header follows)."""
-    try:
-        h.decode([(h.REACTIVATE_TO_TOPIC, name.encode("utf-8", "backslashreplace"))])
-    except HeaderError:
-        return False
-    return True
 
 
 @dataclass(frozen=True, slots=True)

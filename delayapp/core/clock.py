@@ -20,8 +20,8 @@ from collections import deque
 from typing import Callable
 
 
-def wall_ms() -> int:
-    """The worker's wall clock: epoch milliseconds."""
+def now_ms() -> int:
+    """The worker's wall clock, epoch milliseconds: the clock every due time is compared with."""
     return time.time_ns() // 1_000_000
 
 
@@ -38,7 +38,7 @@ class GuardedClock:
 
     def __init__(
         self,
-        wall: Callable[[], int] = wall_ms,
+        wall: Callable[[], int] = now_ms,
         monotonic: Callable[[], float] = monotonic_ms,
         window_ms: int = SAMPLE_WINDOW_MS,
     ) -> None:

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Iterable, Sequence
 
-from delayapp.errors import HeaderError
+from delayapp.core.errors import HeaderError
 
 RECORD_ID = "recordId"
 ORIGINATED_AT = "originatedAt"
@@ -186,10 +186,15 @@ def _decode_number(name: str, raw: bytes | None) -> int:
     return value
 
 
+def is_topic_name(name: str) -> bool:
+    """True for a valid Kafka topic name: the rule ``reactivateToTopic`` and every setting naming a topic follow."""
+    return bool(_TOPIC_NAME.match(name)) and name not in (".", "..")
+
+
 def _decode_value(name: str, raw: bytes | None) -> int | str:
     if name == REACTIVATE_TO_TOPIC:
         text = _decode_ascii(name, raw)
-        if not _TOPIC_NAME.match(text) or text in (".", ".."):
+        if not is_topic_name(text):
             raise HeaderError(name, f"is not a valid Kafka topic name: {text[:80]!r}")
         return text
     if name == PRIORITY:

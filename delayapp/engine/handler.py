@@ -7,7 +7,6 @@ first) and every delay worker.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Container, Iterable
 
@@ -15,18 +14,24 @@ import orjson
 
 from delayapp.core import headers as h
 from delayapp.core.cancel import CancelRequest, applies_to
+from delayapp.core.errors import HeaderError
+from delayapp.core.layout import TopicLayout
 from delayapp.core.partition import credible_awake_at
 from delayapp.core.planner import Planner
-from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME, DeadLetter, Deliver, Enqueue, Policy, Reason, Wait, admit, route, stable_record_id
+from delayapp.core.policies import (
+    CREATE_TIME,
+    LOG_APPEND_TIME,
+    DeadLetter,
+    Deliver,
+    Enqueue,
+    Policy,
+    Reason,
+    Wait,
+    admit,
+    route,
+    stable_record_id,
+)
 from delayapp.core.throttle import DeliverySlots
-from delayapp.engine.topics import TopicLayout
-from delayapp.errors import HeaderError
-
-
-
-def now_ms() -> int:
-    """Wall-clock epoch milliseconds: the clock every due time is compared with."""
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)

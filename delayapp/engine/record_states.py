@@ -1,9 +1,9 @@
 """Every worker's view of the record-states topic: record id → its latest step.
 
 The engine writes each step of a record to the compacted ``record-states`` topic in the
-hop's own batch (:mod:`delayapp.readmodel` says why that makes the view exact). Each worker
+hop's own batch (:mod:`delayapp.core.readmodel` says why that makes the view exact). Each worker
 reads the whole topic (assigned, no consumer group, read_committed) into a
-:class:`~delayapp.readmodel.RecordStateStore` and keeps tailing it, so any worker answers
+:class:`~delayapp.core.readmodel.RecordStateStore` and keeps tailing it, so any worker answers
 for any record and nothing depends on offsets or a rebalance. It commits nothing and writes
 nothing: a restart simply reads the topic again.
 """
@@ -18,9 +18,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from mode import Service
 
-from delayapp.engine.handler import now_ms
+from delayapp.core.clock import now_ms
+from delayapp.core.readmodel import RecordStateStore
 from delayapp.engine.metadata import topic_partitions
-from delayapp.readmodel import RecordStateStore
 
 log = logging.getLogger(__name__)
 

@@ -13,30 +13,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Iterable
+from typing import Any, Callable
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import AIOKafkaProducer
 from mode import Service
 
-from delayapp.compat.loops import compat_loops
-from delayapp.core.clock import GuardedClock, monotonic_ms
+from delayapp.core.clock import GuardedClock, monotonic_ms, now_ms
+from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
 from delayapp.core.policies import Policy
 from delayapp.core.throttle import DeliverySlots
-from delayapp.engine.cancels import DAY_MS, CancelRegistry
-from delayapp.engine.handler import RecordHandler, now_ms
+from delayapp.engine.bootstrap import bootstrap_topics, keeps_commit_metadata, probe_transactions
+from delayapp.engine.cancel_registry import DAY_MS, CancelRegistry
+from delayapp.engine.handler import RecordHandler
+from delayapp.engine.known_topics import KnownTopics
+from delayapp.engine.lag import LagSampler
 from delayapp.engine.loop import HopLoop
-from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.metrics import EngineMetrics
 from delayapp.engine.stats import engine_figures
-from delayapp.engine.topics import TopicLayout, configured_topic_specs, ensure_topics, retired_delay_topics
-from delayapp.errors import BrokerFeatureMissing, TopicLayoutError
 from delayapp.settings import Guarantee, Settings
 
 log = logging.getLogger(__name__)
 
-TOPIC_REFRESH_S = 1.0
 LAG_SAMPLE_S = 5.0
 CLOCK_PROBE_S = 2.0  # well inside GuardedClock's sample window
 SKEW_WARNING_MS = 1_000
@@ -62,51 +60,21 @@ def build_policy(settings: Settings, layout: TopicLayout) -> Policy:
     )
 
 
-class KnownTopics:
-    """The cluster's topic names, re-read whenever a batch targets a name not seen before.
-
-    A name found missing is not asked about again for a second (negative cache), so a
-    stream of records to a topic that does not exist cannot hammer the brokers.
-    """
-
-    def __init__(self, admin_kwargs: dict[str, Any]) -> None:
-        self._admin_kwargs = admin_kwargs
-        self.names: set[str] = set()
-        self._missing_since: dict[str, float] = {}
-
-    async def refresh(self) -> None:
-        """Re-read the topic list from the cluster."""
-        admin = AIOKafkaAdminClient(**self._admin_kwargs)
-        await admin.start()
-        try:
-            self.names = set(await admin.list_topics())
-        finally:
-            await admin.close()
-
-    def forget(self, name: str) -> None:
-        """A write to ``name`` failed as if it were gone: ask the cluster again before trusting it."""
-        self.names.discard(name)
-
-    async def ensure(self, targets: Iterable[str]) -> None:
-        """Refresh if a target topic is unknown and was not checked this second."""
-        now = time.monotonic()
-        unknown = {
-            name for name in targets
-            if name not in self.names and now - self._missing_since.get(name, -TOPIC_REFRESH_S) >= TOPIC_REFRESH_S
-        }
-        if unknown:
-            await self.refresh()
-            self._missing_since = {n: t for n, t in self._missing_since.items() if now - t < TOPIC_REFRESH_S}
-            self._missing_since.update({n: now for n in unknown - self.names})
+ExtraLoops = Callable[[TopicLayout, dict[str, Any]], list[HopLoop]]
+"""Builds more loops from the layout and the keyword arguments every HopLoop gets."""
 
 
 class DelayEngine(Service):
-    """Router + delay workers for one ladder, sharing one topic layout and policy."""
+    """Router + delay workers for one ladder, sharing one topic layout and policy.
 
-    def __init__(self, *, settings: Settings, **kwargs: Any) -> None:
+    ``extra_loops`` adds loops of other sources (the compat ingress), built with the same
+    handler, settings, clock and observer as the engine's own."""
+
+    def __init__(self, *, settings: Settings, extra_loops: ExtraLoops | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.settings = settings
-        self.layout = TopicLayout(settings.topic_prefix, settings.ladder, with_compat_envelope=settings.compat_envelope)
+        self.layout = settings.topic_layout()
+        self._extra_loops = extra_loops
         started = time.monotonic()
         self.planner = Planner(settings.ladder)
         log.info("planner ready for ladder %s in %.0f ms", settings.ladder, (time.monotonic() - started) * 1000)
@@ -170,7 +138,8 @@ class DelayEngine(Service):
             )
             for d, topic in self.layout.delay_topics.items()
         ]
-        self.loops += compat_loops(self.layout, **common)  # none unless DELAYAPP_COMPAT_ENVELOPE / DELAYAPP_CESIUM_* are set
+        if self._extra_loops is not None:  # the compat sources' loops (delayapp.compat.loops), wired in by the app
+            self.loops += self._extra_loops(self.layout, common)
         for hop_loop in self.loops:
             # every loop can deliver: each re-checks that targets exist (shared, cached list)
             hop_loop.before_decide = self.known_topics.ensure if s.check_target_exists else None
@@ -215,10 +184,6 @@ class DelayEngine(Service):
         if sent.timestamp_type == 1:  # LogAppendTime: stamped by the broker
             self.clock.observe(sent.timestamp, monotonic_ms())
 
-    async def wait_running(self, timeout: float = 60.0) -> None:
-        """Wait until every loop has joined its group and is consuming."""
-        await asyncio.wait_for(asyncio.gather(*(lp.running.wait() for lp in self.loops)), timeout)
-
     async def api_producer(self) -> AIOKafkaProducer:
         """The producer of the HTTP API's schedule and cancel, started on first use."""
         if self._producer is None:
@@ -247,100 +212,3 @@ class DelayEngine(Service):
         self.metrics.set_pending(self.lag, {lp.name: lp.stats.restarts for lp in self.loops})
 
 
-class LagSampler:
-    """Measures, per topic, the records beyond each consuming group's committed offsets
-    (cluster-wide); keeps its two clients open between samples."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._consumer: AIOKafkaConsumer | None = None
-        self._admin: AIOKafkaAdminClient | None = None
-
-    async def sample(self, groups: list[tuple[str, list[str]]]) -> dict[str, int]:
-        """``{topic: pending records}`` for each (group id, topics) pair."""
-        if self._consumer is None or self._admin is None:
-            await self.close()
-            self._consumer = AIOKafkaConsumer(**self.settings.kafka_client_kwargs(), group_id=None, enable_auto_commit=False)
-            self._admin = AIOKafkaAdminClient(**self.settings.kafka_client_kwargs())
-            await self._consumer.start()
-            await self._admin.start()
-        lag: dict[str, int] = {}
-        partitions = await topic_partitions(self._consumer, {t for _, topics in groups for t in topics})
-        for group_id, topics in groups:
-            tps = [TopicPartition(t, p) for t in topics for p in sorted(partitions.get(t, ()))]
-            ends = await self._consumer.end_offsets(tps)
-            committed = await self._admin.list_consumer_group_offsets(group_id, partitions=tps)
-            for tp in tps:
-                done = committed.get(tp)
-                position = done.offset if done is not None and done.offset >= 0 else 0
-                lag[tp.topic] = lag.get(tp.topic, 0) + max(0, ends.get(tp, 0) - position)
-        return lag
-
-    async def close(self) -> None:
-        """Close the clients (the next sample reopens them)."""
-        consumer, admin, self._consumer, self._admin = self._consumer, self._admin, None, None
-        if admin is not None:
-            await admin.close()
-        if consumer is not None:
-            await consumer.stop()
-
-
-async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]:
-    """Create missing topics and refuse a layout whose retention is too short (see topics.py)."""
-    s = settings
-    admin = AIOKafkaAdminClient(**s.kafka_client_kwargs())
-    await admin.start()
-    try:
-        retired = retired_delay_topics(layout, await admin.list_topics())
-        if retired:
-            raise TopicLayoutError(
-                f"delay topics of another ladder exist: {', '.join(retired)}; records waiting there would never be delivered "
-                f"by this ladder ({layout.ladder}). Keep the ladder "
-                "they were written with (DELAYAPP_DENOMINATIONS), or drain them first and delete them (README: changing the ladder)"
-            )
-        specs = configured_topic_specs(s, layout)
-        return await ensure_topics(admin, specs, create=s.create_topics, replication_factor=s.replication_factor, margin_ms=s.retention_margin)
-    finally:
-        await admin.close()
-
-
-async def probe_transactions(settings: Settings, *, required: bool) -> bool:
-    """Say in the log whether the broker runs transactions; refuse exactly_once without them."""
-    producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), transactional_id=f"{settings.topic_prefix}.probe.{settings.worker_instance_id}")
-    try:
-        await asyncio.wait_for(producer.start(), timeout=15)
-    except Exception as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-        if required:
-            raise BrokerFeatureMissing(
-                f"processing_guarantee=exactly_once needs Kafka transactions, which broker {settings.broker} refused "
-                f"({reason}); use at_least_once or a Kafka cluster with transactions"
-            ) from None
-        log.info("broker capability: transactions NOT available (%s); at_least_once hops, de-duplicate by recordId", reason)
-        return False
-    finally:
-        await producer.stop()
-    if required:
-        log.info("broker capability: transactions available; exactly_once hops enabled (readers must use read_committed)")
-    else:
-        log.info("broker capability: transactions available; DELAYAPP_PROCESSING_GUARANTEE=exactly_once would use them")
-    return True
-
-
-async def keeps_commit_metadata(settings: Settings, topic: str) -> bool:
-    """Whether the broker returns the metadata string committed with an offset (real Kafka
-    does; the embedded broker drops it). Commits once for a probe group on ``topic``."""
-    probe = AIOKafkaConsumer(**settings.kafka_client_kwargs(), group_id=f"{settings.app_id}.probe", enable_auto_commit=False)
-    await probe.start()
-    try:
-        tp = TopicPartition(topic, 0)
-        probe.assign([tp])
-        await probe.commit({tp: (0, "released:probe")})
-        committed = await probe._coordinator.fetch_committed_offsets({tp})
-        meta = committed.get(tp)
-        return bool(meta is not None and meta.metadata == "released:probe")
-    except Exception as exc:
-        log.warning("could not probe offset-commit metadata (%s)", exc)
-        return False
-    finally:
-        await probe.stop()

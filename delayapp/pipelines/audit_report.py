@@ -29,8 +29,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from delayapp.core import headers as h
+from delayapp.core.clock import now_ms
 from delayapp.core.durations import format_duration
-from delayapp.engine.handler import now_ms
 from delayapp.pipelines.common import JobContext, base_parser, parse_time_or_ago_ms, require_topics, run_job
 
 JOB = "audit-report"

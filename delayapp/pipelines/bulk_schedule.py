@@ -38,8 +38,17 @@ from pyspark.sql import types as T
 
 from delayapp.core import headers as h
 from delayapp.core.durations import parse_duration
-from delayapp.errors import ConfigError, HeaderError, PipelineError
-from delayapp.pipelines.common import JobContext, base_parser, ensure_compacted_topic, parse_time_ms, require_topics, run_job
+from delayapp.core.errors import HeaderError
+from delayapp.errors import ConfigError
+from delayapp.pipelines.common import (
+    JobContext,
+    base_parser,
+    ensure_compacted_topic,
+    parse_time_ms,
+    require_topics,
+    run_job,
+)
+from delayapp.pipelines.errors import PipelineError
 
 JOB = "bulk-schedule"
 RECORD_ID_NAMESPACE = uuid.UUID("6f0c3a52-2f7e-4a59-9a43-7d1f3f0b8c11")

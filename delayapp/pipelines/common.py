@@ -12,8 +12,9 @@ from pyspark.sql import DataFrame, SparkSession
 from rich.console import Console
 
 from delayapp.core.instants import AGO, parse_instant
-from delayapp.engine.topics import TopicLayout
-from delayapp.errors import ConfigError, DelayAppError, PipelineError
+from delayapp.core.layout import TopicLayout
+from delayapp.errors import ConfigError, DelayAppError
+from delayapp.pipelines.errors import PipelineError
 from delayapp.pipelines.kafka_source import FORMAT, client_config, kafka_options
 from delayapp.pipelines.session import build_session
 from delayapp.settings import Settings, load_settings
@@ -111,7 +112,7 @@ def run_job(
             py_files = [path.strip() for item in args.py_files for path in item.split(",") if path.strip()]
             with progress.step(f"starting Spark ({args.master or 'local[*]'})"):
                 spark = build_session(f"delayapp-{job}", args.master, conf, py_files)
-        context = JobContext(settings, TopicLayout(settings.topic_prefix, settings.ladder), kafka_options(settings), spark, progress)
+        context = JobContext(settings, settings.topic_layout(), kafka_options(settings), spark, progress)
         return body(context)
     except DelayAppError as exc:
         progress.console.print(f"[{job}] error: {exc}")

@@ -22,11 +22,19 @@ from typing import Any, Iterator
 
 from pyspark.sql import functions as F
 
+from delayapp.core.clock import now_ms
 from delayapp.core.durations import parse_duration
 from delayapp.core.replay import ReplayFilter, Skip, dead_letter_info, replay_key, replay_record_headers
-from delayapp.engine.handler import now_ms
-from delayapp.errors import ConfigError, PipelineError
-from delayapp.pipelines.common import JobContext, base_parser, ensure_compacted_topic, parse_time_or_ago_ms, require_topics, run_job
+from delayapp.errors import ConfigError
+from delayapp.pipelines.common import (
+    JobContext,
+    base_parser,
+    ensure_compacted_topic,
+    parse_time_or_ago_ms,
+    require_topics,
+    run_job,
+)
+from delayapp.pipelines.errors import PipelineError
 
 JOB = "dlq-replay"
 CANDIDATE_SCHEMA = (

@@ -35,11 +35,12 @@ from pyspark.sql import functions as F
 from delayapp.core import headers as h
 from delayapp.core.durations import format_duration, parse_duration
 from delayapp.core.ladder import Ladder
+from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Histogram, Planner, expected_hops
-from delayapp.engine.topics import TopicLayout
-from delayapp.errors import ConfigError, PipelineError
+from delayapp.errors import ConfigError
 from delayapp.pipelines.audit_report import AUDIT_SCHEMA, header_text
 from delayapp.pipelines.common import JobContext, base_parser, require_topics, run_job
+from delayapp.pipelines.errors import PipelineError
 
 JOB = "optimize-ladder"
 ROUND_DURATIONS = "1s,2s,3s,5s,10s,15s,20s,30s,45s,1m,2m,3m,5m,10m,15m,20m,30m,45m,1h,2h,3h,4h,6h,8h,12h,1d,2d,3d,7d"

@@ -22,11 +22,11 @@ from typing import Iterator
 import pyspark
 import pytest
 
-from delayapp.chaos.procs import unique
+from delayapp.dev.chaos.procs import unique
 from delayapp.pipelines.kafka_source import kafka_options
 from delayapp.pipelines.session import build_session, package_zip
 from delayapp.settings import load_settings
-from tests.integration.kafka_helpers import Worker
+from tests.support.kafka import Worker
 
 LIGHT_CONF = {
     "spark.ui.enabled": "false",

@@ -8,7 +8,7 @@ from typing import Iterable
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from delayapp.chaos.procs import create_topics
+from delayapp.dev.chaos.procs import create_topics
 
 
 def make_topics(bootstrap: str, *names: str, partitions: int = 2) -> None:

@@ -6,11 +6,10 @@ import os
 
 import pytest
 
-from delayapp.chaos.procs import unique
 from delayapp.core import headers as h
+from delayapp.dev.chaos.procs import unique
 from delayapp.engine.handler import AuditEvent, audit_seq
 from delayapp.pipelines import audit_report
-
 from tests.pipelines.kafka_util import make_topics, produce
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,9 @@ import time
 import pandas as pd
 import pytest
 
-from delayapp.chaos.procs import unique
 from delayapp.core import headers as h
+from delayapp.dev.chaos.procs import unique
 from delayapp.pipelines import bulk_schedule
-
 from tests.pipelines.kafka_util import eventually, make_topics, read_all
 
 pytestmark = pytest.mark.integration

@@ -6,11 +6,10 @@ import json
 
 import pytest
 
-from delayapp.chaos.procs import unique
 from delayapp.core import headers as h
 from delayapp.core.replay import REPLAYED_FROM
+from delayapp.dev.chaos.procs import unique
 from delayapp.pipelines import dlq_replay
-
 from tests.pipelines.kafka_util import eventually, make_topics, produce, read_all
 
 pytestmark = pytest.mark.integration

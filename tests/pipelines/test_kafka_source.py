@@ -8,9 +8,8 @@ import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from pyspark.sql import functions as F
 
-from delayapp.chaos.procs import unique
+from delayapp.dev.chaos.procs import unique
 from delayapp.pipelines.kafka_source import FORMAT
-
 from tests.pipelines.kafka_util import make_topics, produce, read_all
 
 pytestmark = pytest.mark.integration

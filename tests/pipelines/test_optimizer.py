@@ -7,11 +7,10 @@ import time
 
 import pytest
 
-from delayapp.chaos.procs import unique
 from delayapp.core.ladder import DEFAULT_LADDER
+from delayapp.dev.chaos.procs import unique
 from delayapp.engine.handler import AuditEvent, audit_seq
 from delayapp.pipelines import optimizer
-
 from tests.pipelines.kafka_util import make_topics, produce
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,438 @@
+"""The chaos run: load, faults while records flow, then count what arrived.
+
+1. an embedded broker behind a cuttable proxy (or a given broker: no network cuts then);
+2. two ``faust -A delayapp worker`` processes in one group;
+3. all records loaded up front (ids, due times spread over every denomination, some already
+   due, some with retries), so the loader never re-sends anything itself;
+4. faults every few seconds: SIGKILL, SIGTERM and network cuts, workers restarted;
+5. every target and the dead-letter topic read back (read_committed): lost, early,
+   duplicates, lateness outside fault windows, drain time after the last fault, and the
+   record-states read model's retry counters against a recount from the delivered records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import signal
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from delayapp.core import headers as h
+from delayapp.core.clock import now_ms
+from delayapp.core.readmodel import RecordStateStore
+from delayapp.dev.chaos.procs import TopicCollector, WorkerProcess, create_topics, embedded_broker_env, unique, wait_for
+from delayapp.dev.chaos.proxy import CuttableProxy
+from delayapp.dev.embedded_broker import EmbeddedBroker, free_port
+
+log = logging.getLogger("delayapp.dev.chaos")
+
+LATE_MS = 1_000
+
+
+def _agrees(state: dict | None, retries: int) -> bool:
+    """True when a read-model state says delivered with ``retries`` retries."""
+    return state is not None and state.get("status") == "delivered" and state.get("retries") == retries
+
+
+@dataclass
+class ChaosConfig:
+    """What to run; the defaults are the long run."""
+
+    records: int = 20_000
+    faults: int = 12
+    fault_gap_s: tuple[float, float] = (8.0, 15.0)
+    cut_s: tuple[float, float] = (10.0, 30.0)
+    ladder: str = "250ms,1s,4s,15s,1m"
+    spread_s: float = 300.0
+    workers: int = 2
+    partitions: int = 4
+    guarantee: str = "at_least_once"
+    broker: str | None = None
+    seed: int = 7
+    session_timeout_ms: int = 6_000
+    drain_timeout_s: float = 240.0
+
+
+@dataclass
+class Fault:
+    """One injected fault and the time window it disturbed."""
+
+    kind: str
+    target: str
+    start_ms: int
+    end_ms: int = 0
+
+
+@dataclass
+class ChaosResult:
+    """The audit of a run."""
+
+    records: int
+    delivered: int
+    dead_lettered: int
+    lost: int
+    early: int
+    duplicates: int
+    lateness_p50_ms: float | None
+    lateness_p99_ms: float | None
+    lateness_max_ms: float | None
+    lateness_samples: int
+    drain_after_last_fault_s: float
+    table_mismatches: int
+    table_checked: int
+    faults: list[Fault] = field(default_factory=list)
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    guarantee: str = "at_least_once"
+    network_cuts: bool = True
+
+    @property
+    def ok(self) -> bool:
+        """Nothing lost or early, no valid record dead-lettered, the table agrees (and no
+        duplicates under exactly_once)."""
+        duplicates_ok = self.duplicates == 0 or self.guarantee != "exactly_once"
+        clean = self.lost == 0 and self.early == 0 and self.dead_lettered == 0 and self.table_mismatches == 0
+        return clean and duplicates_ok and self.delivered == self.records
+
+    def table(self) -> str:
+        """The printed summary."""
+        kinds: dict[str, int] = {}
+        for fault in self.faults:
+            kinds[fault.kind] = kinds.get(fault.kind, 0) + 1
+        rows = [
+            ("records", f"{self.records}"),
+            ("faults", ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ("" if self.network_cuts else " (no network cuts: external broker)")),
+            ("guarantee", self.guarantee),
+            ("delivered", f"{self.delivered}"),
+            ("dead-lettered (must be 0: every record is valid)", f"{self.dead_lettered} {self.dead_letter_reasons or ''}"),
+            ("lost (must be 0)", f"{self.lost}"),
+            ("early (must be 0)", f"{self.early}"),
+            ("duplicates" + (" (must be 0)" if self.guarantee == "exactly_once" else " (reported; consumers de-duplicate by recordId)"), f"{self.duplicates}"),
+            ("lateness outside fault windows p50 / p99 / max", f"{_ms(self.lateness_p50_ms)} / {_ms(self.lateness_p99_ms)} / {_ms(self.lateness_max_ms)} ({self.lateness_samples} records)"),
+            ("lag back to 0 after the last fault (last delivery > 1 s late; goal <= 60 s)", f"{self.drain_after_last_fault_s:.1f} s"),
+            ("read model retry counters vs recount (mismatches)", f"{self.table_mismatches} of {self.table_checked}"),
+            ("verdict", "PASS" if self.ok else "FAIL"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f} ms"
+
+
+def _percentile(sorted_values: list[int], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return float(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))])
+
+
+class ChaosRun:
+    """One run of the harness; :meth:`run` returns the :class:`ChaosResult`."""
+
+    def __init__(self, config: ChaosConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.prefix = unique("chaos")
+        self.targets = [f"{self.prefix}-out-a", f"{self.prefix}-out-b"]
+        self.faults: list[Fault] = []
+        self.broker: EmbeddedBroker | None = None
+        self.proxy: CuttableProxy | None = None
+        self.workers: list[WorkerProcess] = []
+        self.sent: dict[str, tuple[int, int]] = {}  # id -> (due ms, timeRetried)
+        self.loaded_at: dict[str, int] = {}  # id -> when it was sent (lateness counts from max(due, this))
+        self.reasons: dict[str, int] = {}
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def _start_broker(self) -> str:
+        if self.config.broker:
+            return self.config.broker
+        proxy_port = free_port()
+        self.broker = EmbeddedBroker(advertised_port=proxy_port).start()
+        self.proxy = CuttableProxy(proxy_port, self.broker.port).start()
+        return f"127.0.0.1:{proxy_port}"
+
+    def _worker_env(self, bootstrap: str, slot: int) -> dict[str, str]:
+        c = self.config
+        return {
+            "DELAYAPP_BROKER": bootstrap,
+            "DELAYAPP_TOPIC_PREFIX": self.prefix,
+            "DELAYAPP_APP_ID": self.prefix,
+            "DELAYAPP_DENOMINATIONS": c.ladder,
+            "DELAYAPP_PARTITIONS": str(c.partitions),
+            "DELAYAPP_SESSION_TIMEOUT_MS": str(c.session_timeout_ms),
+            "DELAYAPP_HEARTBEAT_INTERVAL_MS": str(c.session_timeout_ms // 4),
+            "DELAYAPP_PROCESSING_GUARANTEE": c.guarantee,
+            "DELAYAPP_INSTANCE_ID": f"{self.prefix}-slot{slot}",
+            "DELAYAPP_ALLOWED_TARGETS": f"{self.prefix}-out-*",
+            "DELAYAPP_MAX_DELAY": "1h",
+            "DELAYAPP_AUDIT_HOPS": "true",  # every hop in the read model: a lost record's last place is known
+            **embedded_broker_env(c.broker),
+        }
+
+    async def _load(self, bootstrap: str) -> None:
+        """Send every record once, up front; due times spread over the fault period."""
+        c = self.config
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        await producer.start()
+        start = now_ms()
+        futures = []
+        try:
+            for n in range(c.records):
+                record_id = f"r{n:07d}"
+                if self.rng.random() < 0.1:
+                    due = start - self.rng.randint(0, 2_000)  # already due
+                else:
+                    due = start + int(self.rng.uniform(0.2, c.spread_s) * 1000)
+                retried = n % 4
+                self.sent[record_id] = (due, retried)
+                self.loaded_at[record_id] = now_ms()
+                headers = [
+                    (h.RECORD_ID, record_id.encode()),
+                    (h.REACTIVATE_TO_TOPIC, self.targets[n % 2].encode()),
+                    (h.REACTIVATE_AT, str(due).encode()),
+                    (h.TIME_RETRIED, str(retried).encode()),
+                ]
+                value = orjson.dumps({"id": record_id, "due": due, "pad": "x" * 150})
+                futures.append(await producer.send(f"{self.prefix}.ingress", value, key=record_id.encode(), headers=headers))
+            await asyncio.gather(*futures)
+        finally:
+            await producer.stop()
+        log.info("loaded %d records in %.1f s", c.records, (now_ms() - start) / 1000)
+
+    # -- faults ------------------------------------------------------------------------------
+
+    async def _restart(self, slot: int, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        self.workers[slot].start()
+
+    async def _inject(self) -> None:
+        c = self.config
+        kinds = ["sigkill", "sigterm"] + (["network-cut"] if self.proxy else [])
+        plan = kinds[:] + [self.rng.choices(kinds, weights=[5, 3, 2][: len(kinds)])[0] for _ in range(max(0, c.faults - len(kinds)))]
+        self.rng.shuffle(plan)
+        for kind in plan[: c.faults]:
+            await asyncio.sleep(self.rng.uniform(*c.fault_gap_s))
+            slot = self.rng.randrange(len(self.workers))
+            worker = self.workers[slot]
+            fault = Fault(kind, "all" if kind == "network-cut" else f"worker {slot}", now_ms())
+            self.faults.append(fault)
+            log.warning("fault: %s on %s", kind, fault.target)
+            if kind == "network-cut":
+                assert self.proxy is not None
+                self.proxy.cut()
+                await asyncio.sleep(self.rng.uniform(*c.cut_s))
+                self.proxy.heal()
+            elif kind == "sigkill":
+                worker.kill(signal.SIGKILL)
+                await self._restart(slot, self.rng.uniform(1, 3))
+            else:
+                await asyncio.to_thread(worker.kill, signal.SIGTERM)
+                await self._restart(slot, 1.0)
+            fault.end_ms = now_ms()
+            for other, w in enumerate(self.workers):  # a worker that died on its own is a fault too
+                if not w.alive:
+                    log.warning("worker %d exited by itself; restarting", other)
+                    self.faults.append(Fault("crash-restart", f"worker {other}", now_ms(), now_ms()))
+                    w.start()
+
+    # -- verification --------------------------------------------------------------------------
+
+    def _dead_letter_reasons(self, collector: TopicCollector) -> dict[str, int]:
+        reasons: dict[str, int] = {}
+        for record in collector.on(f"{self.prefix}.dlq"):
+            reason = dict(record.headers).get(h.DEAD_LETTER_REASON, b"?").decode()
+            reasons[reason] = reasons.get(reason, 0) + 1
+        return reasons
+
+    def _audit(self, collector: TopicCollector) -> tuple[dict[str, list[Any]], set[str]]:
+        deliveries: dict[str, list[Any]] = {}
+        for topic in self.targets:
+            for record in collector.on(topic):
+                deliveries.setdefault(record.key.decode(), []).append(record)
+        dead = {r.key.decode() for r in collector.on(f"{self.prefix}.dlq") if r.key}
+        return deliveries, dead
+
+    async def _table_mismatches(self, bootstrap: str, deliveries: dict[str, list[Any]]) -> tuple[int, int]:
+        """Compare the read model with the ``timeRetried`` recounted from the delivered records.
+
+        Every id is checked in the record-states topic folded as a worker folds it (read
+        committed, :class:`~delayapp.core.readmodel.RecordStateStore`), so a step the engine never
+        wrote, or an aborted step applied, shows here; a sample is also asked of each live
+        worker's ``/delay/records/{id}`` (what users see)."""
+        topic = f"{self.prefix}.record-states"
+        collector = await TopicCollector(bootstrap, [topic]).start()
+
+        def folded() -> RecordStateStore:
+            store = RecordStateStore(ttl_ms=10**12)
+            for record in collector.on(topic):
+                store.apply(record.key, record.value)
+            return store
+
+        def complete() -> RecordStateStore | None:
+            store = folded()
+            done = all((store.get(rid.encode()) or {}).get("status") == "delivered" for rid in deliveries)
+            return store if done else None
+
+        try:
+            store = await wait_for(complete, 90, "the record-states topic to hold every delivery", interval=1.0)
+        except AssertionError:
+            store = folded()
+        finally:
+            await collector.stop()
+        expected = {rid: int(dict(records[0].headers).get(h.TIME_RETRIED, b"0")) for rid, records in deliveries.items()}
+        lost = set(self.sent) - set(deliveries)
+        if lost:  # where each undelivered record was last seen (dead letters included: their last step says so)
+            last = Counter((s.get("status"), s.get("topic")) for s in (store.get(rid.encode()) or {} for rid in lost))
+            log.error("undelivered records by last recorded (status, topic): %s; e.g. %s", dict(last.most_common()),
+                      [(rid, store.get(rid.encode())) for rid in sorted(lost)[:3]])
+        mismatches = [(rid, n, store.get(rid.encode())) for rid, n in expected.items() if not _agrees(store.get(rid.encode()), n)]
+        mismatches += await self._served_mismatches(expected)
+        if mismatches:
+            await self._explain_mismatches(bootstrap, mismatches[:5], collector.on(topic))
+        return len(mismatches), len(deliveries)
+
+    async def _served_mismatches(self, expected: dict[str, int], sample: int = 200) -> list[tuple[str, int, dict | None]]:
+        """Ask each live worker for ``sample`` ids (the same ones): each must agree with the recount."""
+        ids = sorted(expected)[:: max(1, len(expected) // sample)][:sample]
+        found: list[tuple[str, int, dict | None]] = []
+        async with aiohttp.ClientSession() as session:
+            for worker in [w for w in self.workers if w.alive]:
+                base = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}/delay/records/"
+
+                async def answers() -> bool:
+                    async with session.get(base + ids[0]) as response:
+                        return response.status != 503
+
+                await wait_for(answers, 60, f"{worker.name}'s record-states view")
+                for rid in ids:
+                    async with session.get(base + rid) as response:
+                        state = await response.json() if response.status == 200 else None
+                    if not _agrees(state, expected[rid]):
+                        log.error("%s serves %s for %s", worker.name, state, rid)
+                        found.append((rid, expected[rid], state))
+        return found
+
+    async def _explain_mismatches(self, bootstrap: str, mismatches: list[tuple[str, int, dict | None]], states: list[Any]) -> None:
+        """Log, for a few disagreeing ids, every audit event and record-states write of theirs,
+        so a failed run says whether a step was never audited, never written or overtaken."""
+        audit = f"{self.prefix}.audit"
+        collector = await TopicCollector(bootstrap, [audit]).start()
+        seen: list[int] = []
+
+        def settled() -> bool:  # no new audit records for two polls in a row
+            seen.append(len(collector.records))
+            return len(seen) > 2 and seen[-1] == seen[-3] and seen[-1] > 0
+
+        try:
+            await wait_for(settled, 60, "the audit topic to be read", interval=1.0)
+        except AssertionError:
+            pass
+        finally:
+            await collector.stop()
+        for rid, recount, state in mismatches:
+            steps = []
+            for record in collector.on(audit):
+                if record.key and record.key.decode() == rid:
+                    event = orjson.loads(record.value)
+                    steps.append((record.partition, record.offset, event.get("status"), event.get("hops"), event.get("seq")))
+            writes = [
+                (r.partition, r.offset, orjson.loads(r.value).get("status") if r.value else None, r.timestamp)
+                for r in states if r.key and r.key.decode() == rid
+            ]
+            log.error(
+                "record-states disagrees for %s: timeRetried %d delivered, view holds %s; audit (partition, offset, "
+                "status, hops, seq): %s; record-states (partition, offset, status, written): %s", rid, recount, state, steps, writes,
+            )
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    async def run(self) -> ChaosResult:
+        """Run everything and always clean up processes."""
+        c = self.config
+        bootstrap = self._start_broker()
+        try:
+            self.workers = [WorkerProcess(self._worker_env(bootstrap, slot), name=f"{self.prefix}-w{slot}") for slot in range(c.workers)]
+            for worker in self.workers:
+                worker.start()
+            await asyncio.gather(*(w.wait_ready(loops=1, timeout=120) for w in self.workers))
+            await create_topics(bootstrap, *self.targets, partitions=c.partitions)
+            await wait_for(lambda: all(len(w.loops_assigned()) >= 1 for w in self.workers), 120, "workers")
+            await asyncio.sleep(c.session_timeout_ms / 1000)  # let both members settle in every group
+            await self._load(bootstrap)
+            collector = await TopicCollector(bootstrap, [*self.targets, f"{self.prefix}.dlq"]).start()
+            await self._inject()
+            last_fault_end = max((f.end_ms for f in self.faults), default=now_ms())
+            last_due = max(due for due, _ in self.sent.values())
+            deadline_s = max(0, (last_due - now_ms()) / 1000) + c.drain_timeout_s
+
+            def accounted() -> bool:
+                deliveries, dead = self._audit(collector)
+                return len(set(deliveries) | dead) >= len(self.sent)
+
+            try:
+                await wait_for(accounted, deadline_s, "every record to be delivered or dead-lettered", interval=1.0)
+            except AssertionError as exc:
+                log.error("%s", exc)
+            await asyncio.sleep(2.0)  # late duplicates show up here
+            await collector.stop()
+            deliveries, dead = self._audit(collector)
+            self.reasons = self._dead_letter_reasons(collector)
+            mismatches, checked = await self._table_mismatches(bootstrap, deliveries)
+        finally:
+            for worker in self.workers:
+                worker.kill(signal.SIGTERM, timeout=15)
+            if self.proxy:
+                self.proxy.stop()
+            if self.broker:
+                self.broker.stop()
+        return self._result(deliveries, dead, last_fault_end, mismatches, checked, collector)
+
+    def _result(
+        self, deliveries: dict[str, list[Any]], dead: set[str], last_fault_end: int, mismatches: int, checked: int,
+        collector: TopicCollector,
+    ) -> ChaosResult:
+        """Early is judged on the worker's write timestamp (its decision); lateness and lag on
+        when a reader saw the record (a cut can hold a decided write back)."""
+        settle_ms = 2 * self.config.session_timeout_ms + 5_000
+        windows = [(f.start_ms, f.end_ms + settle_ms) for f in self.faults]
+        early = duplicates = 0
+        lateness: list[int] = []
+        last_late_delivery = last_fault_end
+        for rid, records in deliveries.items():
+            due, _ = self.sent[rid]
+            duplicates += len(records) - 1
+            first = min(collector.arrival(r) for r in records)
+            early += sum(r.timestamp < due for r in records)
+            expected = max(due, self.loaded_at[rid])  # an already-due record is due when it enters
+            if not any(start <= first and expected <= end for start, end in windows):
+                lateness.append(first - expected)
+            if first - expected > LATE_MS:
+                last_late_delivery = max(last_late_delivery, first)
+        # Lag is back to 0 once deliveries are on time again: the last one more than LATE_MS
+        # late marks the end of the backlog the faults left.
+        drain = (last_late_delivery - last_fault_end) / 1000
+        lateness.sort()
+        lost = len(set(self.sent) - set(deliveries) - dead)
+        return ChaosResult(
+            records=len(self.sent), delivered=len(deliveries), dead_lettered=len(dead), lost=lost, early=early,
+            duplicates=duplicates, lateness_p50_ms=_percentile(lateness, 0.5), lateness_p99_ms=_percentile(lateness, 0.99),
+            lateness_max_ms=float(lateness[-1]) if lateness else None, lateness_samples=len(lateness),
+            drain_after_last_fault_s=max(drain, 0.0), table_mismatches=mismatches, table_checked=checked,
+            faults=self.faults, dead_letter_reasons=self.reasons, guarantee=self.config.guarantee, network_cuts=self.proxy is not None,
+        )
+
+
+def result_json(result: ChaosResult) -> str:
+    """The result as JSON (faults included)."""
+    body = asdict(result)
+    body["ok"] = result.ok
+    return json.dumps(body, indent=2)

@@ -1,0 +1,175 @@
+"""Real worker processes and topic collectors, shared by the chaos harness and the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from delayapp.dev.embedded_broker import free_port
+
+
+def embedded_broker_env(external_broker: str | None) -> dict[str, str]:
+    """Worker settings the embedded Tansu broker needs (none for an external, real broker):
+    its ListOffsets under-reports multi-record batches, which trips Faust's recovery check."""
+    return {} if external_broker else {"DELAYAPP_RECOVERY_CONSISTENCY_CHECK": "false"}
+
+
+async def create_topics(bootstrap: str, *names: str, partitions: int = 3, configs: dict[str, str] | None = None) -> None:
+    """Create topics (with topic ``configs``, if given), leaving alone those that exist."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        new = [NewTopic(name, partitions, 1, topic_configs=configs or {}) for name in names if name not in existing]
+        if new:
+            await admin.create_topics(new)
+    finally:
+        await admin.close()
+
+
+def unique(prefix: str) -> str:
+    """A fresh name, so runs never share topics or consumer groups."""
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+async def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll ``condition`` (sync or async) until truthy; raise AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+@dataclass
+class TopicCollector:
+    """Reads topics from the beginning (read_committed) into memory, in the background."""
+
+    bootstrap: str
+    topics: list[str]
+    records: list[Any] = field(default_factory=list)
+    arrived_ms: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    _task: asyncio.Task | None = None
+    _consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> "TopicCollector":
+        """Subscribe and start collecting (the topics must exist)."""
+        self._consumer = AIOKafkaConsumer(
+            *self.topics, bootstrap_servers=self.bootstrap, group_id=None, auto_offset_reset="earliest",
+            fetch_max_wait_ms=50, isolation_level="read_committed", request_timeout_ms=60_000,
+        )
+        await self._consumer.start()
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        assert self._consumer is not None
+        while True:
+            try:
+                batch = await self._consumer.getmany(timeout_ms=100)
+            except Exception:  # a network cut: keep trying, the position is kept
+                await asyncio.sleep(0.5)
+                continue
+            arrived = time.time_ns() // 1_000_000
+            for records in batch.values():
+                self.records.extend(records)
+                for r in records:
+                    self.arrived_ms[(r.topic, r.partition, r.offset)] = arrived
+
+    def on(self, topic: str) -> list[Any]:
+        """Records collected from ``topic``."""
+        return [r for r in self.records if r.topic == topic]
+
+    def arrival(self, record: Any) -> int:
+        """When this collector received ``record`` (epoch ms): when it became visible to readers."""
+        return self.arrived_ms[(record.topic, record.partition, record.offset)]
+
+    async def stop(self) -> None:
+        """Stop collecting."""
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._consumer:
+            await self._consumer.stop()
+
+
+class WorkerProcess:
+    """A real ``faust -A <app> worker`` process with its own environment and log file."""
+
+    def __init__(self, env: dict[str, str], app: str = "delayapp", name: str | None = None) -> None:
+        self.name = name or unique("worker-")
+        self.app = app
+        self.env = {**os.environ, "DELAYAPP_WEB_PORT": str(free_port()), **env}
+        self.log_path = os.path.join(tempfile.gettempdir(), f"delayapp-{self.name}-{uuid.uuid4().hex[:6]}.log")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> "WorkerProcess":
+        """Start the process (logs to :attr:`log_path`)."""
+        with open(self.log_path, "ab") as log:
+            log.write(f"--- start {time.strftime('%H:%M:%S')} ---\n".encode())
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "faust", "-A", self.app, "worker", "-l", "info"],
+                stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+            )
+        return self
+
+    @property
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def log(self) -> str:
+        """Everything the process logged so far."""
+        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
+    def loops_assigned(self, since_start: bool = True) -> set[str]:
+        """Names of the hop loops that got partitions (in the latest start by default)."""
+        text = self.log.rsplit("--- start ", 1)[-1] if since_start else self.log
+        return set(re.findall(r"\] (router|delay-\w+): assigned \d+ partitions", text))
+
+    async def wait_ready(self, loops: int, timeout: float = 90) -> "WorkerProcess":
+        """Wait until ``loops`` hop loops have joined their groups."""
+
+        def ready() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"worker exited with {self.process.returncode}:\n{self.log[-4000:]}")
+            return len(self.loops_assigned()) >= loops
+
+        await wait_for(ready, timeout, f"worker {self.name} to be ready")
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL, timeout: float = 30) -> None:
+        """Send ``sig`` and wait for the process to exit (SIGKILL after ``timeout``)."""
+        if self.alive:
+            self.process.send_signal(sig)  # type: ignore[union-attr]
+            try:
+                self.process.wait(timeout)  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                self.process.kill()  # type: ignore[union-attr]
+                self.process.wait()  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        """Stop gracefully (SIGTERM)."""
+        self.kill(signal.SIGTERM)

@@ -1,0 +1,17 @@
+"""The engine's errors: the broker did not answer as the loops need."""
+
+from __future__ import annotations
+
+from delayapp.errors import DelayAppError
+
+
+class BrokerError(DelayAppError):
+    """The broker did not answer as needed; usually worth retrying."""
+
+    retriable = True
+
+
+class BrokerFeatureMissing(BrokerError):
+    """The connected broker lacks a feature (e.g. transactions); never retriable."""
+
+    retriable = False

@@ -1,0 +1,48 @@
+"""The cluster's topic names, as the loops check that a record's target exists."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+TOPIC_REFRESH_S = 1.0
+
+
+class KnownTopics:
+    """The cluster's topic names, re-read whenever a batch targets a name not seen before.
+
+    A name found missing is not asked about again for a second (negative cache), so a
+    stream of records to a topic that does not exist cannot hammer the brokers.
+    """
+
+    def __init__(self, admin_kwargs: dict[str, Any]) -> None:
+        self._admin_kwargs = admin_kwargs
+        self.names: set[str] = set()
+        self._missing_since: dict[str, float] = {}
+
+    async def refresh(self) -> None:
+        """Re-read the topic list from the cluster."""
+        admin = AIOKafkaAdminClient(**self._admin_kwargs)
+        await admin.start()
+        try:
+            self.names = set(await admin.list_topics())
+        finally:
+            await admin.close()
+
+    def forget(self, name: str) -> None:
+        """A write to ``name`` failed as if it were gone: ask the cluster again before trusting it."""
+        self.names.discard(name)
+
+    async def ensure(self, targets: Iterable[str]) -> None:
+        """Refresh if a target topic is unknown and was not checked this second."""
+        now = time.monotonic()
+        unknown = {
+            name for name in targets
+            if name not in self.names and now - self._missing_since.get(name, -TOPIC_REFRESH_S) >= TOPIC_REFRESH_S
+        }
+        if unknown:
+            await self.refresh()
+            self._missing_since = {n: t for n, t in self._missing_since.items() if now - t < TOPIC_REFRESH_S}
+            self._missing_since.update({n: now for n in unknown - self.names})

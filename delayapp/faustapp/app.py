@@ -1,0 +1,119 @@
+"""The Faust app object and its services: ``faust -A delayapp worker -l info`` runs the whole delay engine.
+
+* the delay engine (router + one delay worker per denomination) runs as this worker's
+  service: plain aiokafka loops whose offsets it controls;
+* the read model: every worker folds the ``record-states`` topic, which the engine writes in
+  each hop's own batch, into memory (:mod:`delayapp.engine.record_states`): no Faust table,
+  no offsets, nothing lost behind a commit;
+* users extend delayapp by adding agents to this app (see ``delayapp.client.retry_later``).
+
+The web views and the commands register themselves on :data:`app` from their own modules,
+which import this one; :mod:`delayapp.faustapp` imports them all, so nothing imports back.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import faust
+
+from delayapp.compat.loops import compat_loops
+from delayapp.engine.bootstrap import bootstrap_topics
+from delayapp.engine.record_states import RecordStatesView
+from delayapp.engine.service import DelayEngine
+from delayapp.faustapp import driver as faust_driver
+from delayapp.faustapp.console_feed import DeadLetterTail
+from delayapp.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+settings: Settings = load_settings()
+layout = settings.topic_layout()
+
+
+class DelayApp(faust.App):
+    """faust.App that creates delayapp's topics before Faust subscribes to any of them.
+
+    ``delay_settings`` and ``layout`` are delayapp's settings and topics (what
+    :func:`delayapp.client.retry_later` reads from the app of the event it retries);
+    ``engine`` is this worker's delay engine and ``record_states`` its read model, once they
+    are constructed (web views read them)."""
+
+    delay_settings: Settings = settings
+    layout = layout
+    engine: DelayEngine | None = None
+    record_states: RecordStatesView | None = None
+    dead_letters: DeadLetterTail | None = None
+
+    def _new_transport(self) -> Any:
+        # Faust's aiokafka driver, reading committed data only and committing offsets only
+        # behind acknowledged table writes, for the agents users add (why: delayapp.faustapp.driver).
+        return faust_driver.Transport(self.conf.broker_consumer, self)
+
+    async def on_first_start(self) -> None:
+        settings.require_allowed_targets()  # refuse before touching Kafka
+        await super().on_first_start()
+        created = await bootstrap_topics(settings, layout)
+        if created:
+            log.info("bootstrapped %d topics", len(created))
+
+
+def _broker_credentials() -> Any:
+    if settings.sasl_mechanism:
+        return faust.SASLCredentials(
+            username=settings.sasl_username,
+            password=settings.sasl_password.get_secret_value() if settings.sasl_password else None,
+            mechanism=settings.sasl_mechanism,
+            ssl_context=settings.ssl_context() if "SSL" in settings.security_protocol else None,
+        )
+    if "SSL" in settings.security_protocol:
+        return settings.ssl_context()
+    return None
+
+
+app = DelayApp(
+    settings.app_id,
+    broker=[f"kafka://{host}" for host in settings.broker.split(",")],
+    broker_credentials=_broker_credentials(),
+    store=settings.store,
+    topic_partitions=settings.partitions,
+    topic_replication_factor=settings.replication_factor,
+    broker_session_timeout=settings.session_timeout_ms / 1000,
+    broker_heartbeat_interval=settings.heartbeat_interval_ms / 1000,
+    processing_guarantee="at_least_once",  # delayapp runs no Faust agent of its own: users' agents
+    web_host=settings.web_host,
+    web_port=settings.web_port,
+    canonical_url=settings.web_canonical_url or f"http://{settings.web_host}:{settings.web_port}",
+    autodiscover=False,
+    table_cleanup_interval=60.0,
+    recovery_consistency_check=settings.recovery_consistency_check,
+)
+
+
+@app.service
+class RecordStates(RecordStatesView):
+    """This worker's view of the ``record-states`` topic (web views read it)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(topic=layout.record_states, kafka_client_kwargs=settings.kafka_client_kwargs(), ttl_ms=settings.record_state_ttl, **kwargs)
+        app.record_states = self
+
+
+@app.service
+class Engine(DelayEngine):
+    """The delay engine with this app's settings, started with the Faust worker."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        # the compat sources' loops (none unless DELAYAPP_COMPAT_ENVELOPE / DELAYAPP_CESIUM_* are set)
+        super().__init__(settings=settings, extra_loops=lambda layout, common: compat_loops(layout, **common), **kwargs)
+        app.engine = self
+
+
+@app.service
+class DeadLetters(DeadLetterTail):
+    """The console's view of the dead-letter topic (reads nothing until the console is opened)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(settings=settings, layout=layout, **kwargs)
+        app.dead_letters = self

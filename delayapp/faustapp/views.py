@@ -1,0 +1,252 @@
+"""delayapp's HTTP API: Faust web views on every worker (``DELAYAPP_WEB_PORT``).
+
+Read views are open; the two write views need ``Authorization: Bearer <DELAYAPP_API_TOKEN>``
+and answer 403 while no token is configured. Every worker answers ``/delay/records/{id}``
+from its own view of the whole ``record-states`` topic (:mod:`delayapp.engine.record_states`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from importlib import resources
+from typing import Any
+
+import orjson
+from faust.web import Request, Response, View
+
+from delayapp.client import cancel
+from delayapp.core.cancel import CancelRequest, applies_to
+from delayapp.core.durations import parse_duration
+from delayapp.core.replay import ReplayFilter
+from delayapp.errors import ConfigError
+from delayapp.faustapp import http_bodies as api
+from delayapp.faustapp.app import app, layout, settings
+from delayapp.faustapp.console_feed import ConsoleFeed
+from delayapp.ops.dead_letters import replay_dead_letters
+
+MAX_REPLAY_KEYS = 1_000
+_console = ConsoleFeed(settings=settings, layout=layout)
+
+
+def _engine() -> Any:
+    engine = app.engine
+    if engine is None or not engine.loops:
+        raise _Problem(503, "the delay engine is starting")
+    return engine
+
+
+class _Problem(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _refuse(view: View, problem: _Problem) -> Response:
+    return view.json({"error": str(problem)}, status=problem.status)
+
+
+def _authorise(request: Request) -> None:
+    token = settings.api_token.get_secret_value() if settings.api_token else ""
+    if not token:
+        raise _Problem(403, "the write API is off: set DELAYAPP_API_TOKEN to enable it")
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise _Problem(401, "missing or wrong bearer token")
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.read()
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise _Problem(400, "the body is not JSON") from None
+
+
+def record_view(record_id: str, state: dict | None, cancel: CancelRequest | None) -> dict | None:
+    """The body of ``GET /delay/records/{id}``: the read model plus any cancellation."""
+    if state is None and cancel is None:
+        return None
+    body = dict(state or {"record_id": record_id, "status": "waiting"})
+    # Where it waits now: its last published step (the first hop, unless DELAYAPP_AUDIT_HOPS).
+    body["next_awake_at"] = body.get("awake_at") if body.get("status") == "waiting" else None
+    body["due_at"] = body.get("reactivate_at")
+    if cancel is not None:
+        body["cancel"] = {"cancelled_at": cancel.cancelled_at, "reason": cancel.reason, "by": cancel.by}
+        # Cancelled but not yet met by a loop: it will be dropped there, never delivered.
+        if body.get("status") == "waiting":
+            body["status"] = "cancelled"
+    return body
+
+
+@app.page("/health")
+class Health(View):
+    """200 when every loop of this worker is consuming, else 503 with what is not."""
+
+    async def get(self, request: Request) -> Response:
+        engine = app.engine
+        loops = {lp.name: lp.running.is_set() for lp in engine.loops} if engine else {}
+        healthy = bool(loops) and all(loops.values()) and engine.cancellations.caught_up.is_set()
+        return self.json({"healthy": healthy, "loops": loops, "worker": settings.worker_instance_id}, status=200 if healthy else 503)
+
+
+@app.page("/delay/policies")
+class Policies(View):
+    """The governance this worker applies."""
+
+    async def get(self, request: Request) -> Response:
+        return self.json({
+            "ladder": [settings.ladder.label(d) for d in settings.ladder.denominations],
+            "topics": {"ingress": layout.ingress, "dead_letter": layout.dead_letter, "cancel": layout.cancellations,
+                       "delay": list(layout.delay_topics.values()), "priority": list(layout.priority_topics.values())},
+            "max_delay_ms": settings.max_delay,
+            "max_retries": settings.max_retries,
+            "max_overdue_ms": settings.max_overdue,
+            "max_message_bytes": settings.max_message_bytes,
+            "allowed_targets": list(settings.allowed_target_patterns),
+            "check_target_exists": settings.check_target_exists,
+            "priority_lane": settings.priority_lane,
+            "target_rates": [{"pattern": r.pattern, "per_second": r.per_second, "burst": r.burst} for r in settings.rates],
+            "processing_guarantee": settings.processing_guarantee.value,
+            "write_api": settings.api_token is not None,
+        })
+
+
+@app.page("/delay/stats")
+class Stats(View):
+    """Per loop: pending records, oldest due time, throughput and lateness; per target and reason."""
+
+    async def get(self, request: Request) -> Response:
+        try:
+            return self.json(_engine().stats())
+        except _Problem as problem:
+            return _refuse(self, problem)
+
+
+@app.page("/delay/records/{record_id}")
+class Record(View):
+    """Where a logical record is, its retries and status (any worker answers: each reads the
+    whole record-states topic; 503 until it has read what was there when it started)."""
+
+    async def get(self, request: Request, record_id: str) -> Response:
+        states = app.record_states
+        if states is None or not states.caught_up.is_set():
+            return self.json({"error": "the record-states view is still reading its topic"}, status=503)
+        engine = app.engine
+        cancel = engine.cancellations.get(record_id) if engine else None
+        state = states.get(record_id)
+        if cancel is not None and state is not None and not applies_to(cancel, state.get("delayed_at")):
+            cancel = None
+        body = record_view(record_id, state, cancel)
+        if body is None:
+            return self.json({"error": f"no record {record_id!r} known (not yet routed, or never scheduled)"}, status=404)
+        return self.json(body)
+
+
+@app.page("/delay/records/{record_id}/cancel")
+class Cancel(View):
+    """Cancel a pending record: it is dropped, never delivered (needs the API token)."""
+
+    async def post(self, request: Request, record_id: str) -> Response:
+        try:
+            _authorise(request)
+            body = await _json_body(request) if request.can_read_body else {}
+            reason = str(body.get("reason") or "") if isinstance(body, dict) else ""
+            producer = await _engine().api_producer()
+            cancelled_at = await cancel(producer, record_id, cancel_topic=layout.cancellations, reason=reason, by="http")
+        except _Problem as problem:
+            return _refuse(self, problem)
+        return self.json({"record_id": record_id, "cancelled_at": cancelled_at, "topic": layout.cancellations}, status=202)
+
+
+@app.page("/delay/schedule")
+class Schedule(View):
+    """Hand a record to delayapp (needs the API token); ``replace`` cancels the id's pending copies first."""
+
+    async def post(self, request: Request) -> Response:
+        try:
+            _authorise(request)
+            try:
+                wanted = api.parse_schedule(await _json_body(request))
+            except api.RequestError as exc:
+                raise _Problem(400, str(exc)) from None
+            producer = await _engine().api_producer()
+            headers = wanted.headers
+            if wanted.replace:
+                await cancel(producer, wanted.record_id, cancel_topic=layout.cancellations, reason="replaced", by="http")
+                # A cancel applies to copies that entered the ingress at or before its own append
+                # time (broker ms; delayedAt is never taken from a producer): let that millisecond
+                # pass, so this copy enters after the cancel and is not cancelled by it.
+                await asyncio.sleep(0.002)
+            written = await producer.send_and_wait(layout.ingress, wanted.value, key=wanted.key, headers=headers)
+        except _Problem as problem:
+            return _refuse(self, problem)
+        return self.json(
+            {"record_id": wanted.record_id, "topic": written.topic, "partition": written.partition, "offset": written.offset},
+            status=202,
+        )
+
+
+def replay_request(body: Any) -> tuple[frozenset[str], int | None]:
+    """The dead letters (marker keys) and optional new delay of a ``POST /delay/dead-letters/replay`` body."""
+    if not isinstance(body, dict) or not isinstance(body.get("keys"), list) or not body["keys"]:
+        raise _Problem(400, 'the body must be {"keys": ["<topic>/<partition>/<offset>", ...], "delay": "30s" (optional)}')
+    keys = body["keys"]
+    if len(keys) > MAX_REPLAY_KEYS or not all(isinstance(k, str) and k.count("/") >= 2 for k in keys):
+        raise _Problem(400, f"keys: at most {MAX_REPLAY_KEYS} dead letters named <topic>/<partition>/<offset>")
+    delay = body.get("delay")
+    try:
+        return frozenset(keys), None if delay in (None, "") else parse_duration(delay)
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise _Problem(400, f"delay: {exc}") from None
+
+
+@app.page("/delay/dead-letters/replay")
+class ReplayDeadLetters(View):
+    """Send the named dead letters back to the ingress topic, each at most once (needs the API
+    token): the code path of ``faust -A delayapp dlq replay``, markers written ``by: http``."""
+
+    async def post(self, request: Request) -> Response:
+        try:
+            _authorise(request)
+            keys, delay_ms = replay_request(await _json_body(request))
+            report = await replay_dead_letters(settings, layout, ReplayFilter(), keys=keys, delay_ms=delay_ms, by="http")
+        except _Problem as problem:
+            return _refuse(self, problem)
+        return self.json({
+            "selected": report.selected,
+            "already_replayed": report.already_replayed,
+            "replayed": [{"key": d.marker_key, "record_id": d.info.record_id, "to": where} for d, where in report.replayed],
+            "unreplayable": [{"key": d.marker_key, "why": why} for d, why in report.unreplayable],
+            "transactional": report.transactional,
+        })
+
+
+@app.page("/console")
+class Console(View):
+    """The operator console: one page that refreshes itself from ``/console/data`` (no internet needed)."""
+
+    async def get(self, request: Request) -> Response:
+        page = resources.files("delayapp.faustapp").joinpath("console.html").read_text(encoding="utf-8")
+        return self.html(page)
+
+
+@app.page("/console/data")
+class ConsoleData(View):
+    """Every figure of the console page as JSON (see :mod:`delayapp.faustapp.console`)."""
+
+    async def get(self, request: Request) -> Response:
+        try:
+            return self.json(_console.body(_engine(), app.record_states, app.dead_letters))
+        except _Problem as problem:
+            return _refuse(self, problem)
+
+
+@app.page("/metrics")
+class Metrics(View):
+    """Prometheus text exposition of this worker's metrics."""
+
+    async def get(self, request: Request) -> Response:
+        engine = app.engine
+        body = engine.metrics.exposition() if engine else b""
+        return self.bytes(body, content_type="text/plain; version=0.0.4")

@@ -1,0 +1,45 @@
+"""A record's state, asked of a running worker's web view."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+
+from delayapp.ops.errors import RecordNotFound, WorkerUnavailable
+from delayapp.settings import Settings
+
+log = logging.getLogger(__name__)
+
+def default_status_url(settings: Settings) -> str:
+    """The worker's web server from the settings (``DELAYAPP_WEB_HOST``/``_PORT``)."""
+    return f"http://{settings.web_host}:{settings.web_port}"
+
+
+async def fetch_status(url: str, record_id: str, *, timeout_s: float = 10.0) -> dict[str, Any]:
+    """A record's state from a worker's ``GET /delay/records/{id}`` view.
+
+    Raises :class:`RecordNotFound` for an id the read model does not know, and
+    :class:`WorkerUnavailable` when no worker answers there or the answer is not the view's.
+    """
+    address = f"{url.rstrip('/')}/delay/records/{quote(record_id, safe='')}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            async with session.get(address) as response:
+                body = await response.read()
+                status = response.status
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise WorkerUnavailable(f"no worker answers at {url} ({type(exc).__name__}: {exc}); is `faust -A delayapp worker` running? (--url)") from None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = None
+    if status == 404 and isinstance(data, dict) and "error" in data:
+        raise RecordNotFound(f"record {record_id}: {data['error']}")
+    if status != 200 or not isinstance(data, dict):
+        raise WorkerUnavailable(f"{address} answered HTTP {status} without a record state: is this a delayapp worker with the /delay/records view?")
+    return data

@@ -1,0 +1,72 @@
+"""Header codec: ASCII decimal values, strict errors, passthrough untouched and in order."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from delayapp.core import headers as h
+from delayapp.core.errors import HeaderError
+
+
+def test_round_trip_keeps_other_headers_in_order() -> None:
+    raw = [("traceparent", b"00-abc"), (h.REACTIVATE_AT, b"1700000000000"), ("x", b"\xff\x00"), (h.REACTIVATE_TO_TOPIC, b"orders")]
+    state, passthrough = h.decode(raw)
+    assert state.reactivate_at == 1_700_000_000_000 and state.reactivate_to_topic == "orders"
+    assert passthrough == [("traceparent", b"00-abc"), ("x", b"\xff\x00")]
+    assert h.decode(h.encode(state, passthrough)) == (state, passthrough)
+
+
+def test_irremovable_drops_removable_headers() -> None:
+    state = h.DelayHeaders(record_id="r1", originated_at=1, time_retried=2, valid_at=3, expire_at=4, delayed_at=5,
+                           reactivate_at=6, reactivate_to_topic="t", awake_at=7, delay_ms=8, delay_hops=9)
+    names = [name for name, _ in h.encode(state.irremovable())]
+    assert names == [h.RECORD_ID, h.ORIGINATED_AT, h.TIME_RETRIED, h.VALID_AT, h.EXPIRE_AT]
+
+
+@pytest.mark.parametrize(
+    ("headers", "fragment"),
+    [
+        ([(h.REACTIVATE_AT, b"soon")], "decimal"),
+        ([(h.REACTIVATE_AT, b"-5")], "decimal"),
+        ([(h.REACTIVATE_AT, b"1.5")], "decimal"),
+        ([(h.REACTIVATE_AT, b" 15")], "spaces"),
+        ([(h.REACTIVATE_AT, b"")], "non-empty"),
+        ([(h.REACTIVATE_AT, None)], "null"),
+        ([(h.REACTIVATE_AT, "١٢٣".encode())], "ASCII"),
+        ([(h.REACTIVATE_AT, b"99999999999999999999999")], "range"),
+        ([(h.REACTIVATE_AT, b"253402300800000")], "range"),
+        ([(h.TIME_RETRIED, b"5000000")], "range"),
+        ([(h.DELAY_MS, b"1"), (h.DELAY_MS, b"2")], "more than once"),
+        ([(h.REACTIVATE_TO_TOPIC, b"bad topic")], "topic name"),
+        ([(h.REACTIVATE_TO_TOPIC, b"..")], "topic name"),
+        ([(h.REACTIVATE_TO_TOPIC, b"t" * 250)], "topic name"),
+        ([(h.RECORD_ID, b"has space")], "printable"),
+    ],
+)
+def test_malformed_headers_raise_with_reason(headers, fragment) -> None:
+    with pytest.raises(HeaderError) as info:
+        h.decode(headers)
+    assert fragment in str(info.value)
+
+
+@settings(max_examples=500)
+@given(st.lists(st.tuples(st.sampled_from(list(h.DELAY_HEADERS) + ["other", "x-b3"]), st.one_of(st.none(), st.binary(max_size=30))), max_size=8))
+def test_fuzzed_headers_decode_or_raise_header_error_only(headers) -> None:
+    try:
+        state, passthrough = h.decode(headers)
+    except HeaderError as exc:
+        assert exc.header in h.DELAY_HEADERS
+    else:
+        assert h.decode(h.encode(state, passthrough)) == (state, passthrough)
+
+
+@given(st.integers(h.MIN_TIMESTAMP_MS, h.MAX_TIMESTAMP_MS))
+def test_any_valid_timestamp_round_trips(ts: int) -> None:
+    assert h.decode([(h.AWAKE_AT, str(ts).encode())])[0].awake_at == ts
+
+
+def test_header_value() -> None:
+    assert h.header_value([("a", b"1"), ("a", b"2")], "a") == b"1"
+    assert h.header_value(None, "a") is None

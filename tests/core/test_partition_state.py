@@ -1,0 +1,169 @@
+"""The partition state machine with a fixed clock: waits, release ahead, commit points, rewinds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from delayapp.core.partition import MAX_RELEASED_AHEAD, PartitionState, Pending
+from delayapp.core.released import decode_released, encode_released
+from tests.support.partitions import NOW, fetched
+
+
+@dataclass(frozen=True)
+class Until:
+    """A step saying: not due before ``until_ms``."""
+
+    until_ms: int
+
+
+def handled_offsets(part: PartitionState, now: int = NOW, *, release_ahead: bool = True) -> list[int]:
+    done = part.release_due(now, lambda entry, _now: [entry.offset], release_ahead=release_ahead)
+    part.pop_released()
+    return [entry.offset for entry, _ in done]
+
+
+def test_due_records_release_in_order_and_the_commit_follows() -> None:
+    part = PartitionState(10)
+    part.add(fetched(10, 11, 12))
+    assert handled_offsets(part) == [10, 11, 12]
+    assert part.commit_point() == (13, "")
+    part.committed_to(13, "")
+    assert part.commit_point() is None  # nothing new to commit
+
+
+def test_a_waiting_head_pauses_its_partition_and_due_records_behind_it_go_ahead() -> None:
+    part = PartitionState(0)
+    part.add(fetched(0, 1, 2, awake={0: NOW + 5_000, 2: NOW + 1_000}))
+    assert handled_offsets(part) == [1]
+    assert part.wait_until == NOW + 1_000 and part.waiting(NOW)
+    assert part.commit_point() == (0, encode_released(0, {1}))
+    assert handled_offsets(part, NOW + 999) == []  # never early
+    assert handled_offsets(part, NOW + 1_000) == [2]
+    assert part.wait_until == NOW + 5_000
+
+
+def test_without_release_ahead_nothing_passes_a_waiting_head() -> None:
+    part = PartitionState(0)
+    part.add(fetched(0, 1, awake={0: NOW + 5_000}))
+    assert handled_offsets(part, release_ahead=False) == []
+
+
+def test_a_handler_wait_holds_the_record_until_then() -> None:
+    part = PartitionState(0)
+    part.add(fetched(0))
+    done = part.release_due(NOW, lambda entry, now: Until(NOW + 300), release_ahead=True)
+    assert done == [] and part.wait_until == NOW + 300 and part.queue[0].awake_at == NOW + 300
+
+
+def test_release_ahead_stops_at_the_metadata_bound() -> None:
+    part = PartitionState(0)
+    part.add(fetched(*range(MAX_RELEASED_AHEAD + 50), awake={0: NOW + 5_000}))
+    assert len(handled_offsets(part)) == MAX_RELEASED_AHEAD
+
+
+def test_offsets_released_by_a_predecessor_are_skipped_when_fetched_again() -> None:
+    part = PartitionState(50, encode_released(50, {52, 53}))
+    part.add(fetched(50, 51, 52, 53, 54, awake={50: NOW + 5_000}))
+    assert handled_offsets(part) == [51, 54]
+
+
+def test_a_commit_before_carried_offsets_are_fetched_again_keeps_them() -> None:
+    """Finding 3: loaded ``50`` with 150 and 250 released ahead; a commit at 60 made before those
+    are fetched again must still name 150 and 250, or a later owner releases them again."""
+    part = PartitionState(50, encode_released(50, {150, 250}))
+    part.add(fetched(*range(50, 60)))
+    assert handled_offsets(part) == list(range(50, 60))
+    offset, metadata = part.commit_point()  # type: ignore[misc]
+    assert offset == 60 and decode_released(60, metadata) == {150, 250}
+    part.committed_to(offset, metadata)
+    part.add(fetched(*range(60, 160)))
+    handled = handled_offsets(part)
+    assert 150 not in handled and len(handled) == 99
+    offset, metadata = part.commit_point()  # type: ignore[misc]
+    assert offset == 160 and decode_released(160, metadata) == {250}
+
+
+def test_rewind_returns_to_the_last_commit_and_its_released_set() -> None:
+    part = PartitionState(7, encode_released(7, {9}))
+    part.add(fetched(7, 8, 9, 10, awake={7: NOW + 1_000}))
+    handled_offsets(part)
+    offset, metadata = part.commit_point()  # type: ignore[misc]
+    assert decode_released(offset, metadata) == {8, 9, 10}
+    # the write failed: nothing was committed; fetch again from 7, skipping only 9
+    assert part.rewind() == 7
+    assert part.queue == type(part.queue)() and part.queued_bytes == 0 and part.wait_until is None
+    part.add(fetched(7, 8, 9, 10))
+    assert handled_offsets(part) == [7, 8, 10]
+
+
+def test_a_group_without_a_commit_commits_after_what_it_handled() -> None:
+    part = PartitionState(None)
+    assert part.commit_point() is None
+    part.add(fetched(0, 1))
+    handled_offsets(part)
+    assert part.commit_point() == (2, "")
+
+
+def test_queued_bytes_follow_the_queue() -> None:
+    part = PartitionState(0)
+    part.add(fetched(0, 1, 2, awake={1: NOW + 10}))
+    assert part.queued_bytes == 300
+    handled_offsets(part)
+    assert part.queued_bytes == 200  # 0 left; 2 released ahead but still behind the head
+    handled_offsets(part, NOW + 10)
+    assert part.queued_bytes == 0
+
+
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=40),  # each record's wait, in steps of 100 ms
+    st.integers(0, 40),  # when a crash rewinds to the last commit
+)
+def test_every_record_is_released_once_in_due_order_per_wait_and_never_early(waits: list[int], crash_at: int) -> None:
+    """Whatever the waits and wherever a rewind falls, each record is released exactly once after
+    the last commit's rewind point, never before its awakeAt."""
+    awake = {o: NOW + w * 100 for o, w in enumerate(waits)}
+    part = PartitionState(0)
+    part.add(fetched(*awake, awake=awake))
+    released: dict[int, int] = {}
+    for tick, now in enumerate(range(NOW, NOW + 500, 50)):
+        done = part.release_due(now, lambda entry, t: [entry.offset], release_ahead=True)
+        for entry, _ in done:
+            assert entry.offset not in released and now >= awake[entry.offset]
+            released[entry.offset] = now
+        part.pop_released()
+        point = part.commit_point()
+        if point is not None:
+            part.committed_to(*point)
+        if tick == crash_at % 10:
+            position = part.rewind()
+            assert position is not None
+            part.add(fetched(*[o for o in awake if o >= position], awake=awake))
+            kept = decode_released(position, part.committed_metadata)
+            released = {o: t for o, t in released.items() if o < position or o in kept}
+    assert sorted(released) == sorted(awake)
+
+
+def test_an_awake_at_its_topic_cannot_hold_is_not_believed() -> None:
+    from delayapp.core.partition import AWAKE_SLACK_MS, credible_awake_at
+
+    assert credible_awake_at(None, NOW, 1_000) is None
+    assert credible_awake_at(NOW + 1_000 + AWAKE_SLACK_MS, NOW, 1_000) == NOW + 1_000 + AWAKE_SLACK_MS
+    assert credible_awake_at(NOW + 1_001 + AWAKE_SLACK_MS, NOW, 1_000) is None
+    assert credible_awake_at(NOW + 3_600_000, NOW, 0) is None  # the ingress holds nothing
+
+
+def test_a_partition_pauses_on_records_or_bytes_held_and_on_a_wait_nothing_may_pass() -> None:
+    """Finding 8: the bound counts bytes as well as records (records may be 1 MB each)."""
+    part = PartitionState(0)
+    part.add([Pending(0, "big", None, 3_000_000)])
+    assert part.should_pause(NOW, release_ahead=True, max_records=1_000, max_bytes=2_000_000)
+    assert not part.should_pause(NOW, release_ahead=True, max_records=1_000, max_bytes=4_000_000)
+    assert part.should_pause(NOW, release_ahead=True, max_records=1, max_bytes=4_000_000)
+    waiting = PartitionState(0)
+    waiting.add(fetched(0, awake={0: NOW + 1_000}))
+    handled_offsets(waiting)
+    assert waiting.should_pause(NOW, release_ahead=False, max_records=1_000, max_bytes=4_000_000)
+    assert not waiting.should_pause(NOW, release_ahead=True, max_records=1_000, max_bytes=4_000_000)

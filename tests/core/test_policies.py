@@ -1,0 +1,145 @@
+"""Governance and routing with a fixed clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from delayapp.core.headers import DelayHeaders
+from delayapp.core.ladder import Ladder
+from delayapp.core.planner import Hop, Planner
+from delayapp.core.policies import (
+    CREATE_TIME,
+    LOG_APPEND_TIME,
+    DeadLetter,
+    Deliver,
+    Enqueue,
+    Policy,
+    Reason,
+    Wait,
+    admit,
+    route,
+    stable_record_id,
+)
+
+NOW = 1_800_000_000_000
+PLANNER = Planner(Ladder.parse("1s,5s,1m"))
+POLICY = Policy(
+    max_delay_ms=3_600_000, max_retries=3, allowed_targets=("orders", "payments.*"),
+    reserved_topics=frozenset({"delayapp.ingress", "delayapp.dlq"}), reserved_patterns=("delayapp.*",),
+)
+
+
+def admitted(**fields) -> DelayHeaders:
+    state = admit(
+        DelayHeaders(**{"reactivate_to_topic": "orders", **fields}),
+        now_ms=NOW, record_timestamp_ms=NOW - 100, timestamp_type=LOG_APPEND_TIME, record_id="rid",
+    )
+    assert isinstance(state, DelayHeaders), state
+    return state
+
+
+def step(state: DelayHeaders, now: int = NOW, known=None):
+    return route(state, now_ms=now, planner=PLANNER, policy=POLICY, known_topics=known)
+
+
+def test_admit_stamps_irremovable_headers_once() -> None:
+    state = admitted(delay_ms=7_000)
+    assert state.record_id == "rid" and state.originated_at == NOW and state.time_retried == 0
+    assert state.reactivate_at == NOW - 100 + 7_000  # relative to the ingress append time
+    assert state.delay_ms is None and state.delayed_at == NOW - 100  # when the broker appended it
+    again = admitted(delay_ms=7_000, record_id="given", originated_at=5, time_retried=2)
+    assert (again.record_id, again.originated_at, again.time_retried) == ("given", 5, 2)
+
+
+def test_admit_counts_delay_from_now_when_producer_clock_is_ahead() -> None:
+    state = admit(
+        DelayHeaders(reactivate_to_topic="orders", delay_ms=10),
+        now_ms=NOW, record_timestamp_ms=NOW + 60_000, timestamp_type=CREATE_TIME, record_id="r",
+    )
+    assert state.reactivate_at == NOW + 10
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"delay_ms": 5, "reactivate_at": NOW}, Reason.CONFLICTING_DUE_TIME),
+        ({}, Reason.MISSING_DUE_TIME),
+    ],
+)
+def test_admit_refuses(fields, reason) -> None:
+    verdict = admit(
+        DelayHeaders(reactivate_to_topic="orders", **fields), now_ms=NOW, record_timestamp_ms=NOW, timestamp_type=LOG_APPEND_TIME, record_id="r",
+    )
+    assert isinstance(verdict, DeadLetter) and verdict.reason is reason
+
+
+def test_valid_at_alone_is_the_due_time() -> None:
+    assert admitted(valid_at=NOW + 2_000).reactivate_at == NOW + 2_000
+
+
+def test_first_hop_and_awake_at() -> None:
+    result = step(admitted(delay_ms=65_100))
+    assert isinstance(result, Enqueue)
+    assert result.hop == Hop(60_000, 60_000)
+    assert result.state.awake_at == NOW + 60_000 and result.state.delay_hops == 1
+
+
+def test_due_now_is_delivered_with_irremovable_headers_only() -> None:
+    result = step(admitted(reactivate_at=NOW - 5, valid_at=NOW - 10))
+    assert isinstance(result, Deliver) and result.topic == "orders"
+    assert result.state.reactivate_at is None and result.state.record_id == "rid" and result.state.valid_at == NOW - 10
+
+
+def test_not_awake_waits() -> None:
+    state = admitted(delay_ms=5_000).evolve(awake_at=NOW + 10)
+    assert step(state) == Wait(NOW + 10)
+
+
+def test_valid_at_later_than_reactivate_at_holds_the_record() -> None:
+    result = step(admitted(reactivate_at=NOW, valid_at=NOW + 1_000))
+    assert isinstance(result, Enqueue) and result.state.awake_at == NOW + 1_000
+
+
+@pytest.mark.parametrize(
+    ("fields", "target", "reason"),
+    [
+        ({"delay_ms": 1}, "elsewhere", Reason.TARGET_NOT_ALLOWED),
+        ({"delay_ms": 1}, "delayapp.ingress", Reason.TARGET_LOOP),
+        ({"delay_ms": 1}, "delayapp.delay.5s", Reason.TARGET_LOOP),
+        ({"delay_ms": 1, "time_retried": 4}, "orders", Reason.RETRIES_EXHAUSTED),
+        ({"delay_ms": 1, "expire_at": NOW - 1}, "orders", Reason.EXPIRED),
+        ({"delay_ms": 5_000, "expire_at": NOW + 1_000}, "orders", Reason.EXPIRES_BEFORE_DUE),
+        ({"valid_at": NOW + 5, "expire_at": NOW + 5}, "orders", Reason.EXPIRES_BEFORE_DUE),
+        ({"delay_ms": 3_600_000 + 1_000}, "orders", Reason.DELAY_TOO_LONG),
+    ],
+)
+def test_governance_dead_letters(fields, target, reason) -> None:
+    result = step(admitted(**fields).evolve(reactivate_to_topic=target))
+    assert isinstance(result, DeadLetter) and result.reason is reason, result
+    assert result.detail
+
+
+def test_missing_target_and_unknown_target() -> None:
+    assert step(admitted(delay_ms=1).evolve(reactivate_to_topic=None)).reason is Reason.MISSING_TARGET
+    result = step(admitted(delay_ms=1).evolve(reactivate_to_topic="payments.eu"), known={"orders"})
+    assert result.reason is Reason.UNKNOWN_TARGET
+
+
+def test_expiry_is_checked_again_at_every_hop() -> None:
+    state = admitted(delay_ms=60_000, expire_at=NOW + 120_000).evolve(awake_at=NOW + 60_000)
+    assert isinstance(step(state, now=NOW + 60_000), Deliver)
+    assert step(state, now=NOW + 130_000).reason is Reason.EXPIRED
+
+
+def test_stable_record_id_is_deterministic() -> None:
+    assert stable_record_id("t", 1, 2, 3) == stable_record_id("t", 1, 2, 3) != stable_record_id("t", 1, 3, 3)
+
+
+def test_a_remainder_below_the_hold_threshold_is_held_not_re_enqueued() -> None:
+    from dataclasses import replace
+
+    holding = replace(POLICY, hold_below_ms=1_000)
+    state = admitted(delay_ms=400).evolve(awake_at=None)
+    assert route(state, now_ms=NOW, planner=PLANNER, policy=holding) == Wait(state.reactivate_at)
+    assert isinstance(route(state, now_ms=state.reactivate_at, planner=PLANNER, policy=holding), Deliver)
+    assert isinstance(route(admitted(delay_ms=1_500), now_ms=NOW, planner=PLANNER, policy=holding), Enqueue)

@@ -1,0 +1,289 @@
+"""Where real Apache Kafka and the embedded broker differ, and delayapp must hold on both:
+topic auto-creation, refused writes under exactly_once, retention deleting unforwarded records,
+a worker clock running ahead, and open transactions seen by the liveness watchdog.
+
+Each test probes the broker for what it needs and skips with the reason where the embedded
+broker lacks it; run the suite with ``DELAYAPP_TEST_BROKER=host:port`` against real Kafka.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError
+
+from delayapp.client import schedule
+from delayapp.core import headers as h
+from delayapp.core.clock import now_ms
+from delayapp.core.planner import Planner
+from delayapp.engine.bootstrap import bootstrap_topics, keeps_commit_metadata
+from delayapp.engine.handler import RecordHandler
+from delayapp.engine.loop import HopLoop
+from delayapp.engine.service import build_policy
+from delayapp.settings import load_settings
+from tests.support.kafka import (
+    Collector,
+    Worker,
+    broker_transactions,
+    create_topics,
+    one_second_loop,
+    producer,
+    unique,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+async def broker_stamps_append_time(bootstrap: str) -> bool:
+    """Whether the broker applies topic configs: a LogAppendTime topic's records carry its clock."""
+    name = unique("probe-lat-")
+    await create_topics(bootstrap, name, partitions=1, configs={"message.timestamp.type": "LogAppendTime"})
+    p = await producer(bootstrap)
+    try:
+        sent = await p.send_and_wait(name, b"probe", timestamp_ms=1_000_000_000_000)
+    finally:
+        await p.stop()
+    return sent.timestamp_type == 1 and sent.timestamp != 1_000_000_000_000
+
+
+async def needs_topic_configs(bootstrap: str) -> None:
+    if not await broker_stamps_append_time(bootstrap):
+        pytest.skip("the broker ignores topic configs (LogAppendTime, max.message.bytes, retention): the embedded broker does")
+
+
+async def topic_exists(bootstrap: str, name: str) -> bool:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return name in await admin.list_topics()
+    finally:
+        await admin.close()
+
+
+async def test_asking_for_a_missing_topic_never_creates_it(bootstrap: str) -> None:
+    """Every aiokafka client in a process that imported delayapp asks for metadata with
+    auto-creation off: a send to a missing topic fails instead of creating it."""
+    missing = unique("never-created-")
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=3_000)
+    await p.start()
+    try:
+        with pytest.raises((KafkaTimeoutError, UnknownTopicOrPartitionError)):
+            await p.send_and_wait(missing, b"v")
+    finally:
+        await p.stop()
+    assert not await topic_exists(bootstrap, missing)
+
+
+async def test_a_record_for_a_missing_target_is_dead_lettered_and_no_topic_is_created(bootstrap: str) -> None:
+    """Real Kafka creates a topic when a client asks for its metadata (auto.create.topics.enable);
+    delayapp's clients never let it, on any broker."""
+    prefix, missing = unique("auto"), unique("auto-missing-")
+    worker = Worker(bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS="auto-missing-*").start()
+    collector = None
+    try:
+        await worker.wait_ready()
+        collector = await Collector(bootstrap, [f"{prefix}.dlq"]).start()
+        p = await producer(bootstrap)
+        try:
+            await schedule(p, missing, b"v", key=b"k", at=now_ms() + 300, ingress_topic=f"{prefix}.ingress")
+        finally:
+            await p.stop()
+        (dead,) = await wait_for(lambda: collector.on(f"{prefix}.dlq"), 60, "the dead letter")
+        assert h.header_value(dead.headers, h.DEAD_LETTER_REASON) == b"unknown-target"
+        assert not await topic_exists(bootstrap, missing), "a delayapp client created the mistyped target"
+    finally:
+        if collector is not None:
+            await collector.stop()
+        worker.stop()
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+async def test_a_record_its_target_refuses_is_dead_lettered_once_and_the_loop_carries_on(bootstrap: str, guarantee: str) -> None:
+    """Findings 2 and 9: the target's broker refuses one record for good (too large for its
+    max.message.bytes). It is dead-lettered once, pointing at the record delayapp consumed; under
+    exactly_once the transaction is aborted and redone, never reopening the loop; the next record
+    to the same target is delivered once."""
+    await needs_topic_configs(bootstrap)
+    if guarantee == "exactly_once" and await broker_transactions(bootstrap) is not None:
+        pytest.skip("the broker refuses transactions")
+    prefix, target = unique("refuse"), unique("refuse-target-")
+    await create_topics(bootstrap, target, partitions=1, configs={"max.message.bytes": "2000"})
+    worker = Worker(bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS="refuse-target-*", DELAYAPP_PROCESSING_GUARANTEE=guarantee).start()
+    collector = None
+    try:
+        await worker.wait_ready()
+        collector = await Collector(bootstrap, [target, f"{prefix}.dlq", f"{prefix}.audit"]).start()
+        p = await producer(bootstrap)
+        try:
+            due = now_ms() + 500
+            await schedule(p, target, b"x" * 5_000, key=b"big", at=due, record_id="big-1", ingress_topic=f"{prefix}.ingress")
+            await schedule(p, target, b"small", key=b"small", at=due + 1_500, ingress_topic=f"{prefix}.ingress")
+        finally:
+            await p.stop()
+        await wait_for(lambda: collector.on(target), 60, "the small record at its target")
+        await wait_for(lambda: collector.on(f"{prefix}.dlq"), 30, "the refused record's dead letter")
+        assert [r.key for r in collector.on(target)] == [b"small"]
+        (dead,) = collector.on(f"{prefix}.dlq")
+        assert dead.key == b"big" and h.header_value(dead.headers, h.DEAD_LETTER_REASON) == b"undeliverable"
+        source = h.header_value(dead.headers, h.DEAD_LETTER_FROM).decode()
+        assert source.startswith(f"{prefix}.") and not source.endswith("/-1/-1"), source
+        assert "loop failed" not in worker.log, "a refused record reopened a loop"
+        steps = [orjson.loads(r.value)["status"] for r in collector.on(f"{prefix}.audit") if r.key == b"big-1"]
+        assert steps and steps[-1] == "dead_lettered" and "delivered" not in steps, steps
+    finally:
+        if collector is not None:
+            await collector.stop()
+        worker.stop()
+
+
+async def test_records_deleted_by_retention_before_they_were_forwarded_sound_an_alarm(bootstrap: str) -> None:
+    """A committed position the log no longer holds is never skipped silently: the loop counts
+    and logs what retention deleted, then goes on from the start of the log."""
+    await needs_topic_configs(bootstrap)  # the embedded broker also panics on DeleteRecords
+    prefix, target = unique("gone"), unique("gone-target-")
+    settings = load_settings(broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1,
+                             allowed_targets="gone-target-*", session_timeout_ms=6000, heartbeat_interval_ms=1500)
+    layout = settings.topic_layout()
+    await bootstrap_topics(settings, layout)
+    await create_topics(bootstrap, target, partitions=1)
+    policy = build_policy(settings, layout)
+
+    def router() -> HopLoop:
+        handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=policy)
+        return HopLoop(name="router", topic=layout.ingress, group_id=f"{prefix}.router", handler=handler, settings=settings,
+                       audit_topic=None, ingress=True)
+
+    collector = await Collector(bootstrap, [target]).start()
+    p = await producer(bootstrap)
+    try:
+        first = router()
+        await first.start()
+        await schedule(p, target, b"0", key=b"k", at=now_ms(), ingress_topic=layout.ingress)
+        await wait_for(lambda: collector.on(target), 30, "the first record")
+        await wait_for(lambda: first.stats.commits >= 1, 10, "its commit")
+        await first.stop()
+        for n in range(1, 6):  # offsets 1..5 while no router runs
+            await schedule(p, target, str(n).encode(), key=b"k", at=now_ms(), ingress_topic=layout.ingress)
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_records({TopicPartition(layout.ingress, 0): RecordsToDelete(before_offset=4)})
+        finally:
+            await admin.close()
+        second = router()
+        await second.start()
+        try:
+            await wait_for(lambda: len(collector.on(target)) >= 3, 30, "the records retention kept")
+            assert second.stats.skipped_by_retention == 3
+            assert [r.value for r in collector.on(target)] == [b"0", b"4", b"5"]
+        finally:
+            await second.stop()
+    finally:
+        await p.stop()
+        await collector.stop()
+
+
+async def test_a_worker_whose_clock_runs_five_seconds_ahead_releases_nothing_early(bootstrap: str) -> None:
+    """Finding 4: due times are held to the broker's clock. The worker runs under libfaketime five
+    seconds ahead; the target stamps each delivery with the broker's clock (LogAppendTime)."""
+    await needs_topic_configs(bootstrap)
+    if not os.path.exists(FAKETIME_LIB) or shutil.which("faketime") is None:
+        pytest.skip("libfaketime is not installed (Debian package faketime)")
+    prefix, target = unique("skew"), unique("skew-target-")
+    await create_topics(bootstrap, target, partitions=2, configs={"message.timestamp.type": "LogAppendTime"})
+    worker = Worker(
+        bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS="skew-target-*",
+        LD_PRELOAD=FAKETIME_LIB, FAKETIME="+5s", FAKETIME_DONT_FAKE_MONOTONIC="1", FAKETIME_DONT_RESET="1",
+    ).start()
+    collector = None
+    try:
+        await worker.wait_ready()
+        assert "broker clock: measured" in worker.log, worker.log[-3000:]
+        collector = await Collector(bootstrap, [target]).start()
+        due: dict[bytes, int] = {}
+        p = await producer(bootstrap)
+        try:
+            for i in range(20):
+                key = f"k{i}".encode()
+                due[key] = now_ms() + 500 + 150 * i
+                await schedule(p, target, orjson.dumps(i), key=key, at=due[key], ingress_topic=f"{prefix}.ingress")
+        finally:
+            await p.stop()
+        await wait_for(lambda: len(collector.on(target)) >= len(due), 60, "every delivery")
+        early = {r.key: due[r.key] - r.timestamp for r in collector.on(target) if r.timestamp < due[r.key]}
+        assert early == {}, f"released early by the broker's clock (ms early): {early}"
+    finally:
+        if collector is not None:
+            await collector.stop()
+        worker.stop()
+
+
+async def test_another_producers_open_transaction_is_not_a_stall(bootstrap: str) -> None:
+    """Finding 6: under read_committed, records behind another producer's open transaction cannot
+    be read yet; the watchdog must not take that for a stall (nor reopen or rewind the loop)."""
+    if await broker_transactions(bootstrap) is not None:
+        pytest.skip("the broker refuses transactions")
+    hop_loop, topic, target = await one_second_loop(bootstrap, "otx", liveness_threshold="1s", processing_guarantee="exactly_once")
+    other = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("otx-other-"))
+    await other.start()
+    collector = await Collector(bootstrap, [target]).start()
+    try:
+        await wait_for(lambda: hop_loop.assignment(), 30, "the loop's assignment")
+        due = str(now_ms()).encode()
+        headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, due), (h.AWAKE_AT, due)]
+        await other.begin_transaction()
+        await other.send_and_wait(topic, b"in an open transaction", key=b"k", headers=headers)
+        observed_until = time.monotonic() + 4 * hop_loop.settings.liveness_threshold / 1000
+        await wait_for(lambda: time.monotonic() > observed_until or hop_loop.stats.stalls, 30, "the watchdog to look several times")
+        assert hop_loop.stats.stalls == 0 and hop_loop.stats.rewinds == 0 and hop_loop.stats.restarts == 0
+        await other.commit_transaction()
+        await wait_for(lambda: collector.on(target), 30, "the record once its transaction committed")
+    finally:
+        await collector.stop()
+        await other.stop()
+        await hop_loop.stop()
+
+
+async def test_a_new_owner_skips_what_its_predecessor_released_ahead(bootstrap: str) -> None:
+    """Finding 3: records released ahead of a waiting head are named in the commit metadata; the
+    next owner loads that before it serves the partition, so it releases them again never, and
+    the head once, when due."""
+    first, topic, target = await one_second_loop(bootstrap, "ahead")
+    if not await keeps_commit_metadata(first.settings, topic):
+        await first.stop()
+        pytest.skip("the broker drops offset-commit metadata (the embedded broker does)")
+    collector = await Collector(bootstrap, [target]).start()
+    second = None
+    try:
+        now = now_ms()
+        p = await producer(bootstrap)
+        try:
+            for n, awake in enumerate([now + 1_900] + [now] * 5):  # a head not due yet, five due behind it
+                headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(awake).encode()),
+                           (h.AWAKE_AT, str(awake).encode())]
+                await p.send_and_wait(topic, str(n).encode(), key=b"one-partition", headers=headers)
+        finally:
+            await p.stop()
+        await wait_for(lambda: len(collector.on(target)) >= 5, 20, "the five released ahead")
+        await wait_for(lambda: first.stats.commits >= 1, 10, "their commit")
+        await first.stop()  # before the head is due: the next owner must deliver it, and only it
+        assert [r.value for r in collector.on(target)] == [b"1", b"2", b"3", b"4", b"5"]
+        second = HopLoop(name="delay-1s", topic=topic, group_id=first.group_id, handler=first.handler, settings=first.settings,
+                         audit_topic=None, max_wait_ms=1000)
+        await second.start()
+        await wait_for(lambda: len(collector.on(target)) >= 6, 30, "the head, from the new owner")
+        await wait_for(lambda: second.stats.commits >= 1, 10, "the new owner's commit")
+        assert sorted(r.value for r in collector.on(target)) == [b"0", b"1", b"2", b"3", b"4", b"5"], "released twice"
+    finally:
+        await collector.stop()
+        if second is not None:
+            await second.stop()

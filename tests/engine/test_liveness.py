@@ -1,0 +1,81 @@
+"""Liveness: a partition left paused behind the loop's back (a lost resume) is resumed, a forged
+``awakeAt`` does not hold a partition, and a batch whose writes outlast their limit reopens the
+loop, on a real broker with an in-process loop."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from delayapp.core import headers as h
+from tests.support.kafka import Collector, one_second_loop, producer, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_partition_paused_behind_the_loops_back_is_resumed(bootstrap: str) -> None:
+    """The loop owns its partitions' pause state: a pause nobody asked for (a lost resume) is
+    undone by the watchdog within a second, without a rewind, a rebalance or a reopen."""
+    hop_loop, delay_topic, target = await one_second_loop(bootstrap, "live", liveness_threshold="2s")
+    collector = await Collector(bootstrap, [target]).start()
+    try:
+        await wait_for(lambda: hop_loop.assignment(), 30, "the loop's assignment")
+        (key,) = hop_loop.assignment()
+        hop_loop._consumer.pause([TopicPartition(*key)])  # the bug we simulate: paused, and nobody asked
+        now = time.time_ns() // 1_000_000
+        p = await producer(bootstrap)
+        try:
+            headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(now).encode()), (h.AWAKE_AT, str(now).encode())]
+            await p.send_and_wait(delay_topic, b"due now", key=b"k", headers=headers)
+        finally:
+            await p.stop()
+        await wait_for(lambda: collector.on(target), 20, "the record once its partition is resumed")
+        assert hop_loop.stats.restarts == 0 and hop_loop.stats.rebalances == 1
+    finally:
+        await collector.stop()
+        await hop_loop.stop()
+
+
+async def test_an_awake_at_beyond_the_topics_denomination_is_re_planned_not_waited_for(bootstrap: str) -> None:
+    """A record written into the 1 s topic claims it sleeps an hour (forged, or a skewed clock):
+    no record there legitimately waits more than 1 s, so it is re-planned at once and delivered
+    at its due time, and the record behind it (same partition) is not held either."""
+    hop_loop, delay_topic, target = await one_second_loop(bootstrap, "wedge", release_ahead=False)
+    collector = await Collector(bootstrap, [target]).start()
+    try:
+        now = time.time_ns() // 1_000_000
+        p = await producer(bootstrap)
+        try:
+            for key, awake in ((b"forged", now + 3_600_000), (b"behind", now)):
+                headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(now + 500).encode()),
+                           (h.AWAKE_AT, str(awake).encode())]
+                await p.send_and_wait(delay_topic, key, key=b"same-partition", headers=headers)
+        finally:
+            await p.stop()
+        await wait_for(lambda: len(collector.on(target)) >= 2, 20, "both records at their target")
+        assert [r.value for r in collector.on(target)] == [b"forged", b"behind"]
+        assert all(r.timestamp >= now + 500 for r in collector.on(target)), "never early"
+    finally:
+        await collector.stop()
+        await hop_loop.stop()
+
+
+async def test_a_batch_whose_writes_outlast_the_emit_timeout_reopens_the_loop(bootstrap: str) -> None:
+    """Finding 6: a batch's writes and commit have a time limit. With a limit no write can meet,
+    each batch times out and the loop reopens its clients (from the committed offsets), rather
+    than hanging on the batch for ever."""
+    hop_loop, delay_topic, target = await one_second_loop(bootstrap, "hang", emit_timeout="1ms")
+    try:
+        now = str(time.time_ns() // 1_000_000).encode()
+        p = await producer(bootstrap)
+        try:
+            headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, now), (h.AWAKE_AT, now)]
+            await p.send_and_wait(delay_topic, b"due now", key=b"k", headers=headers)
+        finally:
+            await p.stop()
+        await wait_for(lambda: hop_loop.stats.restarts >= 2, 30, "the loop to reopen after timed-out batches")
+        assert hop_loop.stats.commits == 0, "a timed-out batch must not count as committed"
+    finally:
+        await hop_loop.stop()

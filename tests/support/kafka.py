@@ -1,0 +1,95 @@
+"""Helpers for integration tests: the package's worker processes and collectors with test defaults."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from delayapp.core.planner import Planner
+from delayapp.dev.chaos.procs import TopicCollector as Collector
+from delayapp.dev.chaos.procs import WorkerProcess, create_topics, embedded_broker_env, unique, wait_for
+from delayapp.engine.bootstrap import bootstrap_topics
+from delayapp.engine.handler import RecordHandler
+from delayapp.engine.loop import HopLoop
+from delayapp.engine.service import build_policy
+from delayapp.settings import load_settings
+
+__all__ = [
+    "Collector", "Worker", "broker_transactions", "create_topics", "one_second_loop", "producer", "unique", "wait_for",
+    "TEST_LADDER", "SESSION_MS",
+]
+
+TEST_LADDER = "200ms,1s,3s"
+SESSION_MS = 6_000
+
+
+async def broker_transactions(bootstrap: str) -> str | None:
+    """None if the broker commits aiokafka transactions, else the reason it does not."""
+    topic = unique("probe-topic-")
+    await create_topics(bootstrap, topic, partitions=1)  # delayapp's clients never auto-create one
+    probe = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("probe-"))
+    try:
+        await asyncio.wait_for(probe.start(), 30)
+        async with probe.transaction():
+            await probe.send_and_wait(topic, b"x")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        await probe.stop()
+    return None
+
+
+async def one_second_loop(bootstrap: str, name: str, **settings: Any) -> tuple[HopLoop, str, str]:
+    """A started in-process loop on a fresh 1 s delay topic (one partition) that delivers to a
+    fresh target topic: (the loop, its topic, the target). Callers stop the loop."""
+    prefix, target = unique(name), unique(f"{name}-target-")
+    s = load_settings(
+        broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1, allowed_targets=f"{name}-target-*",
+        session_timeout_ms=SESSION_MS, heartbeat_interval_ms=1500, **settings,
+    )
+    layout = s.topic_layout()
+    await bootstrap_topics(s, layout)
+    await create_topics(bootstrap, target, partitions=1)
+    handler = RecordHandler(layout=layout, planner=Planner(s.ladder), policy=build_policy(s, layout))
+    topic = layout.delay_topic(1000)
+    hop_loop = HopLoop(name="delay-1s", topic=topic, group_id=f"{prefix}.delay.1s", handler=handler, settings=s,
+                       audit_topic=None, max_wait_ms=1000)
+    await hop_loop.start()
+    return hop_loop, topic, target
+
+
+async def producer(bootstrap: str) -> AIOKafkaProducer:
+    """A started producer (callers stop it)."""
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await p.start()
+    return p
+
+
+class Worker(WorkerProcess):
+    """A worker with a fresh prefix, the scaled-down test ladder and short sessions."""
+
+    def __init__(self, bootstrap: str, prefix: str, app: str = "delayapp", **env: str) -> None:
+        super().__init__(
+            {
+                "DELAYAPP_BROKER": bootstrap,
+                "DELAYAPP_TOPIC_PREFIX": prefix,
+                "DELAYAPP_APP_ID": prefix,
+                "DELAYAPP_DENOMINATIONS": TEST_LADDER,
+                "DELAYAPP_SESSION_TIMEOUT_MS": str(SESSION_MS),
+                "DELAYAPP_HEARTBEAT_INTERVAL_MS": "1500",
+                "DELAYAPP_MAX_DELAY": "1h",
+                "DELAYAPP_ALLOWED_TARGETS": "*",  # a worker needs it; tests that care set their own
+                **embedded_broker_env(os.environ.get("DELAYAPP_TEST_BROKER")),
+                **env,
+            },
+            app=app,
+            name=prefix,
+        )
+        self.prefix = prefix
+
+    async def wait_ready(self, loops: int = 1 + len(TEST_LADDER.split(",")), timeout: float = 90) -> "Worker":  # type: ignore[override]
+        await super().wait_ready(loops, timeout)
+        return self
