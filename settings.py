@@ -3,7 +3,7 @@
 The declarations live in :mod:`delayapp.settings` (one place, imported by the app);
 run ``python settings.py`` to print every setting with its environment variable,
 effective value, default and description, or ``python settings.py --markdown`` for the
-README's table (a unit test keeps the README in step).
+table in docs/settings.md (a unit test keeps the page in step).
 """
 
 import sys

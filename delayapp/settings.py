@@ -298,7 +298,7 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def markdown_table() -> str:
-    """The README's settings table: environment variable, default, meaning."""
+    """The settings table of docs/settings.md: environment variable, default, meaning."""
     rows = ["| environment variable | default | meaning |", "|---|---|---|"]
     for env, _value, default, doc in Settings.model_construct().describe():
         rows.append(f"| `{env}` | `{default}` | {doc} |")

@@ -2,7 +2,7 @@
 
 For a fresh machine and for tests; production points ``KAFKA_BROKER`` at a real cluster.
 Its limits (no retention or compaction applied, no transactions usable by aiokafka, slow
-group joins with long session timeouts, all data gone on stop) are in the README.
+group joins with long session timeouts, all data gone on stop) are in docs/embedded-broker.md.
 
 ``python -m delayapp.dev.embedded_broker --port 9092`` runs it in the foreground until Ctrl-C/SIGTERM.
 """

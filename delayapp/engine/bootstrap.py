@@ -29,7 +29,7 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
             raise TopicLayoutError(
                 f"delay topics of another ladder exist: {', '.join(retired)}; records waiting there would never be delivered "
                 f"by this ladder ({layout.ladder}). Keep the ladder "
-                "they were written with (DELAYAPP_DENOMINATIONS), or drain them first and delete them (README: changing the ladder)"
+                "they were written with (DELAYAPP_DENOMINATIONS), or drain them first and delete them (docs/design.md: changing the ladder)"
             )
         specs = configured_topic_specs(s, layout)
         return await ensure_topics(admin, specs, create=s.create_topics, replication_factor=s.replication_factor, margin_ms=s.retention_margin)

@@ -41,7 +41,7 @@ def build_session(
 
     Workers run this very interpreter (``PYSPARK_PYTHON``) unless the environment says
     otherwise, so they import the same pyarrow and confluent-kafka (a cluster's executors
-    need that environment at the same path: see the README's "Running on a cluster").
+    need that environment at the same path: see "Running on a cluster" in docs/pipelines.md).
     ``master`` wins; else the master of ``spark-submit``; else ``local[*]``. ``py_files``
     (zips, eggs or ``.py`` files, e.g. from :func:`package_zip`) go to every executor's
     ``sys.path``, as ``spark-submit --py-files`` does.
