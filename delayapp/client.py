@@ -21,6 +21,7 @@ from delayapp.core.clock import now_ms
 from delayapp.core.durations import parse_duration
 from delayapp.core.layout import TopicLayout
 from delayapp.core.policies import LOG_APPEND_TIME, Reason
+from delayapp.core.schedule import PRIORITY_NORMAL, ScheduleRequest
 from delayapp.settings import Settings, load_settings
 
 
@@ -43,20 +44,23 @@ def schedule_headers(
 
     ``delay`` is a duration (``"90s"``, ms as int) counted from the record's timestamp;
     ``at`` is a datetime or epoch ms. Give exactly one of them. ``priority`` puts the
-    record in the priority lane.
+    record in the priority lane. Raises :class:`~delayapp.core.errors.ScheduleError` (a
+    ``ValueError``) for a request the router would dead-letter (the rules of
+    :meth:`delayapp.core.schedule.ScheduleRequest.validate`, without the maximum delay,
+    which is the worker's setting).
     """
-    if (delay is None) == (at is None):
-        raise ValueError("give exactly one of delay= or at=")
-    state = h.DelayHeaders(
-        record_id=record_id,
-        reactivate_to_topic=target,
+    request = ScheduleRequest(
+        target,
         delay_ms=parse_duration(delay) if delay is not None else None,
-        reactivate_at=_epoch_ms(at) if at is not None else None,
-        valid_at=_epoch_ms(valid_at) if valid_at is not None else None,
-        expire_at=_epoch_ms(expire_at) if expire_at is not None else None,
-        priority=h.PRIORITY_HIGH if priority else None,
+        at_ms=_epoch_ms(at) if at is not None else None,
+        record_id=record_id,
+        valid_at_ms=_epoch_ms(valid_at) if valid_at is not None else None,
+        expire_at_ms=_epoch_ms(expire_at) if expire_at is not None else None,
+        priority=h.PRIORITY_HIGH if priority else PRIORITY_NORMAL,
+        headers=tuple((name, value) for name, value in headers),
     )
-    return h.encode(state, headers)
+    request.validate(now_ms=now_ms())
+    return request.to_headers()
 
 
 async def schedule(

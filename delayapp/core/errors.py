@@ -1,4 +1,5 @@
-"""The core's errors: a record's headers, and a topic layout that cannot hold the ladder."""
+"""The core's errors: a record's headers, a schedule request the router would refuse, and a
+topic layout that cannot hold the ladder."""
 
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ class HeaderError(DelayAppError):
         super().__init__(f"header {header!r}: {detail}")
         self.header = header
         self.detail = detail
+
+
+class ScheduleError(DelayAppError, ValueError):
+    """A schedule request the router would dead-letter (:mod:`delayapp.core.schedule`); the message
+    says what to fix. Never retriable: the same request is refused again. Also a ``ValueError``,
+    what :func:`delayapp.client.schedule_headers` raised for bad input before this contract."""
+
+    retriable = False
 
 
 class TopicLayoutError(ConfigError):

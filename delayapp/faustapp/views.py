@@ -167,7 +167,7 @@ class Schedule(View):
         try:
             _authorise(request)
             try:
-                wanted = api.parse_schedule(await _json_body(request))
+                wanted = api.parse_schedule(await _json_body(request), max_delay_ms=settings.max_delay)
             except api.RequestError as exc:
                 raise _Problem(400, str(exc)) from None
             producer = await _engine().api_producer()

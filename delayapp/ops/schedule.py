@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
 
 from aiokafka import AIOKafkaProducer
 
-from delayapp.client import schedule, schedule_headers
 from delayapp.core import headers as h
 from delayapp.core.clock import now_ms
-from delayapp.core.durations import format_duration
-from delayapp.core.errors import HeaderError
+from delayapp.core.errors import ScheduleError
 from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Hop, Planner
 from delayapp.core.policies import stable_record_id
+from delayapp.core.schedule import PRIORITY_NORMAL, ScheduleRequest
 from delayapp.ops.errors import CommandError
 from delayapp.settings import Settings
 
@@ -52,38 +51,29 @@ async def schedule_record(
 ) -> Scheduled:
     """Write one record to the ingress topic for delivery to ``target`` (see ``client.schedule``).
 
-    Refuses, with :class:`CommandError`, what the router would only dead-letter: both or
-    neither of delay and due time, a malformed target or record id, a delay header given
-    again as an extra header, a delay over the maximum, an expiry before the due time.
+    Refuses, with :class:`CommandError`, what the router would only dead-letter (the one
+    check of :meth:`delayapp.core.schedule.ScheduleRequest.validate`, with the maximum delay
+    of ``settings``): both or neither of delay and due time, a malformed target or record id,
+    a delayapp header among the extra headers, a delay over the maximum, an expiry before
+    the due time.
     """
-    if (delay_ms is None) == (at_ms is None):
-        raise CommandError("give exactly one of --delay and --at")
-    when: dict[str, Any] = {"delay": delay_ms} if delay_ms is not None else {"at": at_ms}
-    headers = list(headers)
-    try:
-        h.decode(schedule_headers(target, record_id=record_id, priority=priority, headers=headers, **when))
-    except HeaderError as exc:
-        raise CommandError(str(exc)) from None
+    request = ScheduleRequest(
+        target, delay_ms=delay_ms, at_ms=at_ms, record_id=record_id, valid_at_ms=valid_at_ms,
+        expire_at_ms=expire_at_ms, priority=h.PRIORITY_HIGH if priority else PRIORITY_NORMAL, headers=tuple(headers),
+    )
     sent_at = now_ms()
-    due = sent_at + delay_ms if delay_ms is not None else int(at_ms)  # type: ignore[arg-type]
-    due = max(due, valid_at_ms or 0)
-    if due - sent_at > settings.max_delay:
-        raise CommandError(
-            f"due in {format_duration(due - sent_at)}, beyond the maximum delay of {format_duration(settings.max_delay)} (DELAYAPP_MAX_DELAY): "
-            "the router would dead-letter it (delay-too-long)"
-        )
-    if expire_at_ms is not None and expire_at_ms <= due:
-        raise CommandError(f"it expires ({expire_at_ms}) before it is due ({due}): the router would dead-letter it (expires-before-due)")
+    try:
+        due = request.validate(now_ms=sent_at, max_delay_ms=settings.max_delay)
+    except ScheduleError as exc:
+        raise CommandError(str(exc)) from None
     producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all")
     await producer.start()
     try:
-        meta = await schedule(
-            producer, target, value, key=key, ingress_topic=layout.ingress, record_id=record_id,
-            valid_at=valid_at_ms, expire_at=expire_at_ms, priority=priority, headers=headers, **when,
-        )
+        meta = await producer.send_and_wait(layout.ingress, value, key=key, headers=request.to_headers())
     finally:
         await producer.stop()
     assigned = record_id is None
     # Without an id the router derives it from where the record entered: the same formula here
     rid = record_id or stable_record_id(meta.topic, meta.partition, meta.offset, meta.timestamp)
-    return Scheduled(rid, assigned, meta.topic, meta.partition, meta.offset, due, due - sent_at, Planner(settings.ladder).plan(due - sent_at))
+    plan = Planner(settings.ladder).plan(due - sent_at)
+    return Scheduled(rid, assigned, meta.topic, meta.partition, meta.offset, due, due - sent_at, plan)

@@ -108,12 +108,12 @@ async def test_schedule_delivers_and_status_reports(bootstrap: str) -> None:
 
         # bad input: a clear message and exit code 2, nothing sent
         for args, message in [
-            (("--delay", "1s", "--at", "2030-01-01T00:00Z"), "exactly one of --delay and --at"),
+            (("--delay", "1s", "--at", "2030-01-01T00:00Z"), "exactly one of delay and at"),
             (("--delay", "soon"), "not a duration"),
             (("--at", "1700000000"), "not epoch milliseconds"),
             (("--delay", "2h"), "beyond the maximum delay"),
             (("--delay", "1s", "--header", "novalue"), "name=value"),
-            (("--delay", "1s", "--header", "delayMs=5"), "appears more than once"),
+            (("--delay", "1s", "--header", "delayMs=5"), "delayMs is delayapp's own"),
             (("--delay", "10m", "--expire-at", "1m"), "expires-before-due"),
         ]:
             bad = await cli(bootstrap, prefix, "schedule", "--target", target, "--value", "x", *args)

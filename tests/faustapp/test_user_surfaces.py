@@ -77,6 +77,16 @@ async def test_write_views_need_the_token(http) -> None:
     assert "exactly one of delay" in problem["error"]
 
 
+async def test_schedule_refuses_what_the_router_would_dead_letter(http) -> None:
+    """The API applies the CLI's rules (one check, the worker's DELAYAPP_MAX_DELAY of 1h): before,
+    these bodies were accepted with 202 and the router dead-lettered the records."""
+    too_long = {"target": "it-anything", "value": "x", "delay": "2h"}
+    beyond = await post_json(http, "/delay/schedule", too_long, status=400)
+    assert "beyond the maximum delay of 1h" in beyond["error"] and "delay-too-long" in beyond["error"]
+    expiring = {"target": "it-anything", "value": "x", "delay": "10m", "expire_at": now_ms() + 60_000}
+    assert "expires-before-due" in (await post_json(http, "/delay/schedule", expiring, status=400))["error"]
+
+
 async def test_schedule_over_http_then_find_the_record_and_the_stats(bootstrap: str, http, worker: Worker) -> None:
     target = unique("it-target-")
     await create_topics(bootstrap, target, partitions=2)
