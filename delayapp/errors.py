@@ -2,7 +2,7 @@
 
 Like aiokafka's errors, each carries ``retriable``: True when trying the same thing again
 later may succeed (a broker hiccup), False when it never will (bad config, bad input). The
-families: :mod:`delayapp.core.errors` (headers, topic layout), :mod:`delayapp.engine.errors`
+families: :mod:`delayapp.core.errors` (headers, schedule requests, topic layout), :mod:`delayapp.engine.errors`
 (the broker), :mod:`delayapp.ops.errors` (operator commands), :mod:`delayapp.pipelines.errors`
 (Spark jobs), :class:`delayapp.faustapp.http_bodies.RequestError` (HTTP bodies) and
 :class:`delayapp.dev.embedded_broker.EmbeddedBrokerError`.

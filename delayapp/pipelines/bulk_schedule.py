@@ -26,6 +26,7 @@ that run's rows next time (at-least-once, never lost); consumers can de-duplicat
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import uuid
@@ -37,8 +38,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from delayapp.core import headers as h
+from delayapp.core.clock import now_ms
 from delayapp.core.durations import parse_duration
-from delayapp.core.errors import HeaderError
+from delayapp.core.errors import ScheduleError
+from delayapp.core.schedule import ScheduleRequest
 from delayapp.errors import ConfigError
 from delayapp.pipelines.common import (
     JobContext,
@@ -65,7 +68,7 @@ def bulk_record_id(explicit_id: str | None, content: str, occurrence: int) -> st
 
 
 @dataclass(frozen=True)
-class ScheduleRequest:
+class BulkRow:
     """One input row, as text: what :func:`ingress_headers` turns into headers."""
 
     target: str | None
@@ -74,52 +77,67 @@ class ScheduleRequest:
     headers_json: str | None
 
 
-def _user_headers(headers_json: str | None) -> list[tuple[str, bytes]]:
+def _user_headers(headers_json: str | None) -> tuple[dict[str, int], tuple[tuple[str, bytes], ...]]:
+    """The row's ``validAt``/``expireAt`` (epoch ms) and its other headers."""
     if headers_json is None or headers_json.strip() in ("", "null"):
-        return []
+        return {}, ()
     try:
         parsed = json.loads(headers_json)
     except ValueError:
         raise PipelineError(f"headers is not a JSON object: {headers_json[:80]!r}") from None
     if not isinstance(parsed, dict):
         raise PipelineError(f"headers must be an object of name to value, got {headers_json[:80]!r}")
-    out = []
+    times: dict[str, int] = {}
+    extra = []
     for name, value in parsed.items():
-        if name in h.DELAY_HEADERS and name not in USER_SETTABLE_DELAY_HEADERS:
+        if name in USER_SETTABLE_DELAY_HEADERS:
+            try:
+                times[name] = int(str(value))
+            except ValueError:
+                raise PipelineError(f"header {name}: expected epoch ms, got {str(value)[:40]!r}") from None
+        elif name in h.DELAY_HEADERS:
             raise PipelineError(f"header {name} is set by the job (use the target, due_at, delay and id columns)")
-        out.append((str(name), b"" if value is None else str(value).encode("utf-8")))
-    return out
+        else:
+            extra.append((str(name), b"" if value is None else str(value).encode("utf-8")))
+    return times, tuple(extra)
 
 
-def ingress_headers(request: ScheduleRequest, record_id: str) -> list[tuple[str, bytes]]:
-    """The ingress headers of one row per the header contract; PipelineError saying what is wrong."""
-    if not request.target:
+def ingress_headers(row: BulkRow, record_id: str, *, now_ms: int, max_delay_ms: int | None = None) -> list[tuple[str, bytes]]:
+    """The ingress headers of one row, checked by the schedule contract as if it entered at
+    ``now_ms`` (:meth:`delayapp.core.schedule.ScheduleRequest.validate`); PipelineError saying
+    what is wrong."""
+    if not row.target:
         raise PipelineError("target is empty")
-    given = [v for v in (request.due_at, request.delay) if v is not None and v.strip() != ""]
+    given = [v for v in (row.due_at, row.delay) if v is not None and v.strip() != ""]
     if len(given) != 1:
         raise PipelineError("give exactly one of due_at and delay")
-    if request.due_at is not None and request.due_at.strip():
-        due = (h.REACTIVATE_AT, str(parse_time_ms(request.due_at)).encode())
+    at_ms = delay_ms = None
+    if row.due_at is not None and row.due_at.strip():
+        at_ms = parse_time_ms(row.due_at)
     else:
         try:
-            due = (h.DELAY_MS, str(parse_duration(request.delay.strip())).encode())  # type: ignore[union-attr]
+            delay_ms = parse_duration(given[0].strip())
         except ConfigError as exc:
             raise PipelineError(str(exc)) from None
-    headers = [*_user_headers(request.headers_json), (h.REACTIVATE_TO_TOPIC, request.target.encode()), due, (h.RECORD_ID, record_id.encode())]
+    times, extra = _user_headers(row.headers_json)
+    request = ScheduleRequest(
+        row.target, delay_ms=delay_ms, at_ms=at_ms, record_id=record_id,
+        valid_at_ms=times.get(h.VALID_AT), expire_at_ms=times.get(h.EXPIRE_AT), headers=extra,
+    )
     try:
-        h.decode(headers)  # the router would dead-letter what does not decode: refuse it here
-    except HeaderError as exc:
+        request.validate(now_ms=now_ms, max_delay_ms=max_delay_ms)
+    except ScheduleError as exc:
         raise PipelineError(str(exc)) from None
-    return headers
+    return request.to_headers()
 
 
-def plan_rows(rows: Iterator[Any]) -> Iterator[tuple]:
-    """Rows of the canonical input to rows of :data:`PLANNED_SCHEMA` (error set when invalid)."""
+def plan_rows(rows: Iterator[Any], *, now_ms: int, max_delay_ms: int | None = None) -> Iterator[tuple]:
+    """Rows of the canonical input to rows of :data:`PLANNED_SCHEMA` (error set when invalid),
+    checked as if they entered at ``now_ms``."""
     for row in rows:
         record_id = bulk_record_id(row.id, row.content, row.occurrence)
-        request = ScheduleRequest(row.target, row.due_at, row.delay, row.headers)
         try:
-            headers = ingress_headers(request, record_id)
+            headers = ingress_headers(BulkRow(row.target, row.due_at, row.delay, row.headers), record_id, now_ms=now_ms, max_delay_ms=max_delay_ms)
         except PipelineError as exc:
             yield (record_id, row.target, None, None, None, f"{str(exc)} (row {row.content[:120]})")
             continue
@@ -185,7 +203,8 @@ def schedule(context: JobContext, paths: list[str], fmt: str | None = None) -> d
     ensure_compacted_topic(context.kafka, markers, context.settings.partitions, context.settings.replication_factor)
     with progress.step(f"reading {', '.join(paths)}") as said:
         rows = canonical(read_input(context, paths, fmt))
-        planned = context.spark.createDataFrame(rows.rdd.mapPartitions(plan_rows), PLANNED_SCHEMA).localCheckpoint(eager=True)
+        plan = functools.partial(plan_rows, now_ms=now_ms(), max_delay_ms=context.settings.max_delay)
+        planned = context.spark.createDataFrame(rows.rdd.mapPartitions(plan), PLANNED_SCHEMA).localCheckpoint(eager=True)
         total = planned.count()
         said.append(f"{total} rows")
     errors = planned.filter("error is not null").select("error").limit(MAX_ERRORS_SHOWN).collect()

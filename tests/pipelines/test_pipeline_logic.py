@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delayapp.core import headers as h
-from delayapp.pipelines.bulk_schedule import ScheduleRequest, bulk_record_id, ingress_headers
+from delayapp.pipelines.bulk_schedule import BulkRow, bulk_record_id, ingress_headers
 from delayapp.pipelines.common import parse_time_ms, parse_time_or_ago_ms
 from delayapp.pipelines.errors import PipelineError
 from delayapp.pipelines.kafka_source import (
@@ -76,31 +76,38 @@ def test_record_ids_are_stable_and_distinguish_occurrences():
     assert bulk_record_id(None, "c", 1) != bulk_record_id("", "d", 1)
 
 
+NOW = 1_700_000_000_000  # a fixed clock: 2023-11-14T22:13:20Z
+
+
 def test_ingress_headers_follow_the_contract():
-    headers = ingress_headers(ScheduleRequest("orders", "2026-05-01T09:30:00Z", None, '{"trace": "x", "expireAt": "1999999999999"}'), "rid-1")
+    headers = ingress_headers(BulkRow("orders", "2026-05-01T09:30:00Z", None, '{"trace": "x", "expireAt": "1999999999999"}'), "rid-1", now_ms=NOW)
     state, passthrough = h.decode(headers)
     assert (state.reactivate_to_topic, state.reactivate_at, state.record_id, state.expire_at) == ("orders", 1777627800000, "rid-1", 1999999999999)
     assert passthrough == [("trace", b"x")]
-    state, _ = h.decode(ingress_headers(ScheduleRequest("orders", None, "90s", None), "rid-2"))
+    state, _ = h.decode(ingress_headers(BulkRow("orders", None, "90s", None), "rid-2", now_ms=NOW))
     assert (state.delay_ms, state.reactivate_at) == (90_000, None)
 
 
 @pytest.mark.parametrize(
     "request_, message",
     [
-        (ScheduleRequest("orders", "1", "5s", None), "exactly one"),
-        (ScheduleRequest("orders", None, None, None), "exactly one"),
-        (ScheduleRequest("orders", "1", None, None), "seconds"),
-        (ScheduleRequest(None, "1", None, None), "target"),
-        (ScheduleRequest("bad topic!", "1700000000000", None, None), "topic name"),
-        (ScheduleRequest("orders", None, "soon", None), "duration"),
-        (ScheduleRequest("orders", "1700000000000", None, '{"recordId": "mine"}'), "set by the job"),
-        (ScheduleRequest("orders", "1700000000000", None, "[1]"), "object"),
+        (BulkRow("orders", "1", "5s", None), "exactly one"),
+        (BulkRow("orders", None, None, None), "exactly one"),
+        (BulkRow("orders", "1", None, None), "seconds"),
+        (BulkRow(None, "1", None, None), "target"),
+        (BulkRow("bad topic!", "1700000000000", None, None), "topic name"),
+        (BulkRow("orders", None, "soon", None), "duration"),
+        (BulkRow("orders", "1700000000000", None, '{"recordId": "mine"}'), "set by the job"),
+        (BulkRow("orders", "1700000000000", None, "[1]"), "object"),
+        # what the router would dead-letter, refused by the schedule contract before a write
+        (BulkRow("orders", None, "2h", '{"expireAt": "1700000000000"}'), "expires"),
+        (BulkRow("orders", "1700000000000", None, '{"expireAt": "soon"}'), "epoch ms"),
+        (BulkRow("orders", None, "30d", None), "maximum delay"),
     ],
 )
 def test_ingress_headers_refuse_bad_rows(request_, message):
     with pytest.raises(PipelineError, match=message):
-        ingress_headers(request_, "rid")
+        ingress_headers(request_, "rid", now_ms=NOW, max_delay_ms=7 * 86_400_000)
 
 
 def test_times_iso_epoch_and_ago():
