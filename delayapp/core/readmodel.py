@@ -1,13 +1,22 @@
 """The read model: per logical record id, its latest known step (pure: no I/O).
 
-The engine writes every step of a record (the audit event: ids and times, never a payload)
-to the compacted ``record-states`` topic, keyed by record id, in the same batch as the hop
-itself: inside its transaction under exactly_once, before its offset commit under
-at_least_once. The topic therefore holds every step that happened, whatever crashed when;
-each worker folds it into a :class:`RecordStateStore` (:mod:`delayapp.engine.record_states`).
-Nothing is derived from consumer offsets or a changelog of its own, so nothing can be lost
-behind a commit (the Faust table this replaced lost 4 of 20,000 updates in a SIGKILL chaos
-run on real Kafka: Faust's at-least-once processing around a rebalance).
+What it shows: the latest *published* step of each record (:func:`delayapp.core.audit.published`):
+the record entering delayapp (``waiting``, at its first hop), then leaving it (``delivered``,
+``dead_lettered``, ``cancelled``); every hop in between only with ``DELAYAPP_AUDIT_HOPS``, so
+by default a waiting record's state shows its first hop (the delay topic the router wrote it
+to), not the hop it is on now. A record delivered or dead-lettered straight from the ingress
+topic has its final step only.
+A state is the audit event (:class:`delayapp.core.audit.AuditEvent`: ids and times, never a
+payload) cut to :data:`~delayapp.core.audit.READ_MODEL_FIELDS`.
+
+The engine writes each published step to the compacted ``record-states`` topic, keyed by
+record id, in the same batch as the hop itself: inside its transaction under exactly_once,
+before its offset commit under at_least_once. The topic therefore holds every published step
+that happened, whatever crashed when; each worker folds it into a :class:`RecordStateStore`
+(:mod:`delayapp.engine.record_states`). Nothing is derived from consumer offsets or a changelog
+of its own, so nothing can be lost behind a commit (the Faust table this replaced lost 4 of
+20,000 updates in a SIGKILL chaos run on real Kafka: Faust's at-least-once processing around a
+rebalance).
 
 Exactness rests on two things:
 
@@ -16,43 +25,29 @@ Exactness rests on two things:
    took, and would otherwise win for ever (the view reads read_committed);
 2. every step of one record id travels on one partition, so the fold sees a record's steps in
    the order they were committed; a redo under at_least_once can still commit a lower step
-   after a higher one, which :func:`step_order` ranks right. Compaction keeps the latest
-   write per id, which is a final step once every copy of the record has left delayapp.
+   after a higher one, which :func:`~delayapp.core.audit.step_order` ranks right. Compaction
+   keeps the latest write per id, which is a final step once every copy of the record has left
+   delayapp.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import orjson
 
-FIELDS = (
-    "record_id", "status", "at", "seq", "retries", "hops", "target", "awake_at", "reactivate_at",
-    "lateness_ms", "reason", "topic", "partition", "offset", "delayed_at", "priority", "throttled_until",
-)
+from delayapp.core.audit import READ_MODEL_FIELDS, is_final, step_order
 
-
-FINAL = frozenset({"delivered", "dead_lettered", "cancelled"})
 RECENT_FINALS = 20_000  # final steps kept for the console's windowed figures (cluster-wide)
 
 
-def is_final(state: Any) -> bool:
-    """True for a state no later step is expected to change (delivered, dead-lettered, cancelled)."""
-    return isinstance(state, dict) and state.get("status") in FINAL
-
-
-def step_order(event: dict[str, Any]) -> tuple[int, bool, int]:
-    """How far along its life ``event`` puts a record: its retry generation first, then
-    whether it left delayapp (delivered, dead-lettered, cancelled), then its ``seq``.
-
-    A final step outranks any ``waiting`` step of the same generation: once a generation is
-    delivered, a ``waiting`` of it can only be a copy an at-least-once redo left behind (a
-    batch hopped the record on, its commit was lost, the redo found it due and delivered it,
-    at a lower ``seq``). That copy, when it arrives, is delivered again and says so.
-    """
-    return int(event.get("retries") or 0), event.get("status") in FINAL, int(event.get("seq", -1))
+def state_of(event: dict[str, Any]) -> dict[str, Any]:
+    """The read-model state of a decoded audit event: its
+    :data:`~delayapp.core.audit.READ_MODEL_FIELDS` (None where absent), nothing else."""
+    return {name: event.get(name) for name in READ_MODEL_FIELDS}
 
 
 class ExpiryIndex:
@@ -123,8 +118,7 @@ class RecordStateStore:
         held = self._states.get(key)
         if held is None:
             return None
-        event = orjson.loads(held[1])
-        return {name: event.get(name) for name in FIELDS}
+        return state_of(orjson.loads(held[1]))
 
     def apply(self, key: bytes | None, value: bytes | None) -> bool:
         """Fold one record of the topic in; True if it changed the state of ``key``.
@@ -160,14 +154,12 @@ class RecordStateStore:
             if limit <= 0:
                 return
             limit -= 1
-            event = orjson.loads(raw)
-            yield {name: event.get(name) for name in FIELDS}
+            yield state_of(orjson.loads(raw))
 
     def finals(self) -> Iterator[dict[str, Any]]:
         """The latest final steps folded (at most :data:`RECENT_FINALS`), oldest first."""
         for raw in list(self.recent_finals):
-            event = orjson.loads(raw)
-            yield {name: event.get(name) for name in FIELDS}
+            yield state_of(orjson.loads(raw))
 
     def expire(self, *, now_ms: int, limit: int) -> int:
         """Forget final states older than the TTL, looking at ``limit`` of them at most; how many went."""

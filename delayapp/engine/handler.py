@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Container, Iterable
 
-import orjson
-
 from delayapp.core import headers as h
+from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
 from delayapp.core.layout import TopicLayout
@@ -33,45 +32,6 @@ from delayapp.core.policies import (
 )
 from delayapp.core.throttle import DeliverySlots
 
-
-@dataclass(frozen=True, slots=True)
-class AuditEvent:
-    """One step of a logical record, for the audit topic: ids and times, never a payload.
-
-    ``seq`` orders the steps of one record id, so read models can upsert idempotently.
-    """
-
-    record_id: str
-    status: str  # waiting | delivered | dead_lettered | cancelled
-    at: int
-    seq: int
-    retries: int
-    hops: int
-    target: str | None
-    awake_at: int | None = None
-    reactivate_at: int | None = None
-    lateness_ms: int | None = None
-    reason: str | None = None
-    source: str | None = None
-    priority: bool = False
-    throttled_until: int | None = None
-    delayed_at: int | None = None
-
-    def encode(self, topic: str, partition: int | None, offset: int | None) -> bytes:
-        """JSON bytes with where the record now is (the topic/partition/offset it was written to)."""
-        body: dict[str, Any] = {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
-        body.update(topic=topic, partition=partition, offset=offset)
-        return orjson.dumps(body)
-
-
-def published(audit: AuditEvent, *, entering: bool, every_hop: bool) -> bool:
-    """True for the steps written to the audit stream and the read model: a record entering
-    delayapp (its first hop, at ingress), and leaving it (delivered, dead-lettered,
-    cancelled); with ``every_hop`` each hop in between too. The loops' own statistics count
-    every step either way."""
-    return entering or every_hop or audit.status != "waiting"
-
-
 FIRST_SEEN_LIMIT = 10_000  # remembered first reads before stale ones are dropped
 FIRST_SEEN_KEEP_MS = 600_000  # far longer than any wait in the router (below the smallest hop)
 
@@ -84,14 +44,6 @@ def record_size(key: bytes | None, value: bytes | None, headers: Any) -> int:
     for name, raw in headers or ():
         size += len(name) + len(raw or b"") + 10
     return size
-
-
-STAGE = {"waiting": 0, "delivered": 1, "dead_lettered": 2, "cancelled": 3}
-
-
-def audit_seq(retries: int, hops: int, status: str) -> int:
-    """Order of a step within a logical record's life: retries, then hops, then stage."""
-    return (retries * 1_000_000 + hops) * 10 + STAGE[status]
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +150,9 @@ class RecordHandler:
         retries, hops = state.time_retried or 0, state.delay_hops or 0
         if applies_to(self.cancellations(state.record_id), state.delayed_at):
             event = AuditEvent(
-                state.record_id or source, "cancelled", now, audit_seq(retries, hops, "cancelled"), retries, hops,
-                state.reactivate_to_topic, reactivate_at=state.reactivate_at, source=source, priority=state.is_priority,
+                state.record_id or source, RecordStatus.CANCELLED, now,
+                audit_seq(retries, hops, RecordStatus.CANCELLED), retries, hops, state.reactivate_to_topic,
+                reactivate_at=state.reactivate_at, source=source, priority=state.is_priority,
                 delayed_at=state.delayed_at,
             )
             return [Output(None, None, None, [], event)]
@@ -214,16 +167,17 @@ class RecordHandler:
         if isinstance(step, Enqueue):
             new = step.state
             event = AuditEvent(
-                new.record_id or source, "waiting", now, audit_seq(retries, new.delay_hops or 0, "waiting"), retries,
-                new.delay_hops or 0, new.reactivate_to_topic, awake_at=new.awake_at, reactivate_at=new.reactivate_at,
-                source=source, priority=new.is_priority, throttled_until=new.throttled_until, delayed_at=new.delayed_at,
+                new.record_id or source, RecordStatus.WAITING, now,
+                audit_seq(retries, new.delay_hops or 0, RecordStatus.WAITING), retries, new.delay_hops or 0,
+                new.reactivate_to_topic, awake_at=new.awake_at, reactivate_at=new.reactivate_at, source=source,
+                priority=new.is_priority, throttled_until=new.throttled_until, delayed_at=new.delayed_at,
             )
             topic = self.layout.delay_topic(step.hop.denomination_ms, priority=new.is_priority and self.priority_lane)
             return [Output(topic, record.key, record.value, h.encode(new, passthrough), event)]
         assert isinstance(step, Deliver)
         event = AuditEvent(
-            state.record_id or source, "delivered", now, audit_seq(retries, hops, "delivered"), retries, hops,
-            step.topic, reactivate_at=step.due_ms, lateness_ms=now - step.due_ms, source=source,
+            state.record_id or source, RecordStatus.DELIVERED, now, audit_seq(retries, hops, RecordStatus.DELIVERED),
+            retries, hops, step.topic, reactivate_at=step.due_ms, lateness_ms=now - step.due_ms, source=source,
             priority=state.is_priority, throttled_until=throttled_until, delayed_at=state.delayed_at,
         )
         return [Output(step.topic, record.key, record.value, h.encode(step.state, passthrough), event)]
@@ -268,7 +222,7 @@ class RecordHandler:
         hops = (state.delay_hops or 0) if state else 0
         record_id = (state.record_id if state else None) or stable_record_id(record.topic, record.partition, record.offset, record.timestamp or 0)
         event = AuditEvent(
-            record_id, "dead_lettered", now, audit_seq(retries, hops, "dead_lettered"), retries, hops,
-            state.reactivate_to_topic if state else None, reason=verdict.reason.value, source=source,
+            record_id, RecordStatus.DEAD_LETTERED, now, audit_seq(retries, hops, RecordStatus.DEAD_LETTERED), retries,
+            hops, state.reactivate_to_topic if state else None, reason=verdict.reason.value, source=source,
         )
         return Output(self.layout.dead_letter, record.key, None if drop_value else record.value, headers, event)

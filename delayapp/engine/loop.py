@@ -53,11 +53,12 @@ from confluent_kafka import (
 )
 from mode import Service
 
+from delayapp.core.audit import RecordStatus, published
 from delayapp.core.clock import GuardedClock, monotonic_ms
 from delayapp.core.headers import AWAKE_AT, header_value
 from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending, credible_awake_at
 from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME, DeadLetter, Reason
-from delayapp.engine.handler import Output, RecordHandler, published, record_size
+from delayapp.engine.handler import Output, RecordHandler, record_size
 from delayapp.settings import Guarantee, Settings
 
 log = logging.getLogger(__name__)
@@ -652,13 +653,13 @@ class HopLoop(Service):
 
     def _count(self, audit: Any) -> None:
         stats = self.stats
-        if audit.status == "waiting":
+        if audit.status == RecordStatus.WAITING:
             stats.hops += 1
-        elif audit.status == "delivered":
+        elif audit.status == RecordStatus.DELIVERED:
             stats.delivered += 1
             stats.throttled += audit.throttled_until is not None
             stats.delivered_by_target[audit.target] += 1
-        elif audit.status == "cancelled":
+        elif audit.status == RecordStatus.CANCELLED:
             stats.cancelled += 1
         else:
             stats.dead_lettered += 1

@@ -10,6 +10,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from delayapp.core.audit import RecordStatus
+
 LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 HOP_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20)
 
@@ -36,18 +38,18 @@ class EngineMetrics:
 
     def observe(self, hop_loop: Any, event: Any) -> None:
         """Account for one audit event written by ``hop_loop``."""
-        if hop_loop.ingress and event.retries and event.status in ("waiting", "delivered"):
+        if hop_loop.ingress and event.retries and event.status in (RecordStatus.WAITING, RecordStatus.DELIVERED):
             self.retries.inc()
-        if event.status == "waiting":
+        if event.status == RecordStatus.WAITING:
             self.hop_writes.labels(hop_loop.name).inc()
-        elif event.status == "delivered":
+        elif event.status == RecordStatus.DELIVERED:
             self.deliveries.labels(event.target, "priority" if event.priority else "normal").inc()
             self.hops.observe(event.hops)
             if event.lateness_ms is not None:
                 self.lateness.labels(hop_loop.name).observe(max(event.lateness_ms, 0) / 1000)
             if event.throttled_until is not None:
                 self.throttled.labels(event.target).inc()
-        elif event.status == "cancelled":
+        elif event.status == RecordStatus.CANCELLED:
             self.cancelled.inc()
         else:
             self.dead_letters.labels(event.reason or "unknown").inc()

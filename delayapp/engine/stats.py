@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
+from delayapp.core.audit import RecordStatus
+
 
 def percentile(sorted_values: Sequence[int], fraction: float) -> int | None:
     """The nearest-rank percentile of already sorted values (None when empty)."""
@@ -27,7 +29,7 @@ def window_figures(recent: Iterable[tuple[int, str, int | None]], *, now_ms: int
         if at < since:
             continue
         counts[status] = counts.get(status, 0) + 1
-        if status == "delivered" and late is not None:
+        if status == RecordStatus.DELIVERED and late is not None:
             lateness.append(late)
     lateness.sort()
     seconds = window_ms / 1000

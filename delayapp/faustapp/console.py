@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any, Iterable, Sequence
 
+from delayapp.core.audit import RecordStatus
 from delayapp.core.durations import format_duration
 from delayapp.engine.stats import percentile
 
@@ -78,7 +79,7 @@ def lateness_by_target(finals: Iterable[dict[str, Any]], *, now_ms: int, window_
     since = now_ms - window_ms
     late: dict[str, list[int]] = {}
     for state in finals:
-        if state.get("status") != "delivered" or (state.get("at") or 0) < since or state.get("lateness_ms") is None:
+        if state.get("status") != RecordStatus.DELIVERED or (state.get("at") or 0) < since or state.get("lateness_ms") is None:
             continue
         late.setdefault(str(state.get("target")), []).append(int(state["lateness_ms"]))
     return {target: {**lateness_figures(values), "per_second": round(len(values) / (window_ms / 1000), 3)} for target, values in sorted(late.items())}
@@ -87,7 +88,7 @@ def lateness_by_target(finals: Iterable[dict[str, Any]], *, now_ms: int, window_
 def early_in_window(recent: Iterable[tuple[int, str, int | None]], *, now_ms: int, window_ms: int) -> int:
     """Deliveries before their due time in the window, from ``LoopStats.recent`` entries."""
     since = now_ms - window_ms
-    return sum(1 for at, status, late in recent if at >= since and status == "delivered" and late is not None and late < 0)
+    return sum(1 for at, status, late in recent if at >= since and status == RecordStatus.DELIVERED and late is not None and late < 0)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import orjson
 from faust.web import Request, Response, View
 
 from delayapp.client import cancel
+from delayapp.core.audit import RecordStatus
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.durations import parse_duration
 from delayapp.core.replay import ReplayFilter
@@ -64,18 +65,23 @@ async def _json_body(request: Request) -> Any:
 
 
 def record_view(record_id: str, state: dict | None, cancel: CancelRequest | None) -> dict | None:
-    """The body of ``GET /delay/records/{id}``: the read model plus any cancellation."""
+    """The body of ``GET /delay/records/{id}``: the read model plus any cancellation.
+
+    The read model holds the record's latest published step (:mod:`delayapp.core.readmodel`):
+    ``waiting`` once it entered delayapp (its first hop; each later hop too with
+    ``DELAYAPP_AUDIT_HOPS``), then ``delivered``, ``dead_lettered`` or ``cancelled``. A
+    cancellation not yet met by a loop shows as ``cancelled`` with its ``cancel`` details."""
     if state is None and cancel is None:
         return None
-    body = dict(state or {"record_id": record_id, "status": "waiting"})
+    body = dict(state or {"record_id": record_id, "status": RecordStatus.WAITING})
     # Where it waits now: its last published step (the first hop, unless DELAYAPP_AUDIT_HOPS).
-    body["next_awake_at"] = body.get("awake_at") if body.get("status") == "waiting" else None
+    body["next_awake_at"] = body.get("awake_at") if body.get("status") == RecordStatus.WAITING else None
     body["due_at"] = body.get("reactivate_at")
     if cancel is not None:
         body["cancel"] = {"cancelled_at": cancel.cancelled_at, "reason": cancel.reason, "by": cancel.by}
         # Cancelled but not yet met by a loop: it will be dropped there, never delivered.
-        if body.get("status") == "waiting":
-            body["status"] = "cancelled"
+        if body.get("status") == RecordStatus.WAITING:
+            body["status"] = RecordStatus.CANCELLED
     return body
 
 

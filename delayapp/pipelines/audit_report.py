@@ -1,7 +1,8 @@
 """Audit report: lateness, hops, retries and dead letters from the audit and dead-letter topics.
 
 Reads ``<prefix>.audit`` (one JSON event per published step of a record: entered (waiting), delivered,
-dead_lettered) and ``<prefix>.dlq`` (dead letters with their reason headers) and writes
+dead_lettered, cancelled; :mod:`delayapp.core.audit` declares it, :data:`AUDIT_SCHEMA` is derived from it)
+and ``<prefix>.dlq`` (dead letters with their reason headers) and writes
 
 * ``parquet/<table>/``: lateness percentiles per target and denomination (``(all)`` rows
   roll up), hops and retries histograms, dead letters by reason and over time;
@@ -27,8 +28,10 @@ from typing import Any, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, DataType, IntegerType, LongType, StringType, StructField, StructType
 
 from delayapp.core import headers as h
+from delayapp.core.audit import WIRE_FIELDS, RecordStatus, WireType
 from delayapp.core.clock import now_ms
 from delayapp.core.durations import format_duration
 from delayapp.pipelines.common import JobContext, base_parser, parse_time_or_ago_ms, require_topics, run_job
@@ -36,10 +39,13 @@ from delayapp.pipelines.common import JobContext, base_parser, parse_time_or_ago
 JOB = "audit-report"
 ALL = "(all)"
 PERCENTILES = (0.5, 0.9, 0.99)
-AUDIT_SCHEMA = (
-    "record_id string, status string, at long, seq long, retries int, hops int, target string, awake_at long, "
-    "reactivate_at long, lateness_ms long, reason string, source string, topic string, partition int, offset long"
-)
+SPARK_TYPES: dict[WireType, DataType] = {
+    WireType.TEXT: StringType(), WireType.FLAG: BooleanType(),
+    WireType.INT32: IntegerType(), WireType.INT64: LongType(),
+}
+# Every field of the audit contract (delayapp.core.audit), all nullable: events written before
+# a field existed lack it.
+AUDIT_SCHEMA = StructType([StructField(name, SPARK_TYPES[kind], nullable=True) for name, kind in WIRE_FIELDS])
 # Bucket sizes for "dead letters over time", the first that gives at most MAX_BUCKETS buckets.
 BUCKETS_MS = (1_000, 10_000, 60_000, 300_000, 900_000, 3_600_000, 6 * 3_600_000, 86_400_000, 7 * 86_400_000)
 MAX_BUCKETS = 60
@@ -73,10 +79,14 @@ def last_header_text(name: str) -> Column:
     return F.try_element_at(F.filter("headers", lambda x: x["key"] == F.lit(name)), F.lit(-1))["value"].cast("string")
 
 
+def parse_audit(raw: DataFrame) -> DataFrame:
+    """The audit events of Kafka rows of the audit topic, one column per field of :data:`AUDIT_SCHEMA`."""
+    return raw.select(F.from_json(F.col("value").cast("string"), AUDIT_SCHEMA).alias("e")).select("e.*")
+
+
 def audit_events(context: JobContext, since_ms: int | None, until_ms: int | None) -> DataFrame:
     """Audit events, parsed and de-duplicated, with their denomination."""
-    raw = context.read_topic(context.layout.audit)
-    events = raw.select(F.from_json(F.col("value").cast("string"), AUDIT_SCHEMA).alias("e")).select("e.*")
+    events = parse_audit(context.read_topic(context.layout.audit))
     events = events.filter(F.col("record_id").isNotNull()).dropDuplicates(["record_id", "seq", "status"])
     events = events.withColumn("denomination", denomination_column(F.col("source"), context.layout.prefix))
     return _window(events, "at", since_ms, until_ms)
@@ -106,7 +116,7 @@ def _window(frame: DataFrame, column: str, since_ms: int | None, until_ms: int |
 def lateness_table(events: DataFrame, ladder_labels: Sequence[str] = ()) -> DataFrame:
     """Lateness percentiles of deliveries per target and denomination, with ``(all)`` roll-ups;
     denominations in ladder order (``ingress`` first), labels off the ladder before them."""
-    delivered = events.filter("status = 'delivered' AND lateness_ms IS NOT NULL")
+    delivered = events.filter((F.col("status") == RecordStatus.DELIVERED.value) & F.col("lateness_ms").isNotNull())
     pcts = F.percentile_approx("lateness_ms", F.array(*[F.lit(p) for p in PERCENTILES]), 10_000)
     table = delivered.cube("target", "denomination").agg(
         F.count("*").alias("deliveries"),
@@ -129,7 +139,7 @@ def histogram(frame: DataFrame, column: str) -> DataFrame:
 
 def final_events(events: DataFrame) -> DataFrame:
     """The delivered and dead-lettered events: one per record outcome (a retried record has several)."""
-    return events.filter(F.col("status").isin("delivered", "dead_lettered"))
+    return events.filter(F.col("status").isin(RecordStatus.DELIVERED.value, RecordStatus.DEAD_LETTERED.value))
 
 
 def over_time(letters: DataFrame, bucket_ms: int) -> DataFrame:
@@ -260,7 +270,7 @@ def report(context: JobContext, out_dir: str, since_ms: int | None = None, until
         bucket_ms = time_bucket_ms(int(span.span or 0))
         tables = {
             "lateness": lateness_table(events, layout.ladder.labels),
-            "hops": histogram(events.filter("status = 'delivered'"), "hops"),
+            "hops": histogram(events.filter(F.col("status") == RecordStatus.DELIVERED.value), "hops"),
             "retries": histogram(final_events(events), "retries"),
             "dead_letters_by_reason": letters.groupBy("reason").agg(F.count("*").alias("dead_letters")).orderBy(F.desc("dead_letters"), "reason"),
             "dead_letters_over_time": over_time(letters, bucket_ms),
@@ -277,10 +287,11 @@ def report(context: JobContext, out_dir: str, since_ms: int | None = None, until
         counts = {row.status: row["count"] for row in events.groupBy("status").count().collect()}
         overall = frames["lateness"][(frames["lateness"].target == ALL) & (frames["lateness"].denomination == ALL)]
         summary = [
-            ("delivered records", counts.get("delivered", 0)),
-            ("dead-lettered (audit)", counts.get("dead_lettered", 0)),
+            ("delivered records", counts.get(RecordStatus.DELIVERED.value, 0)),
+            ("dead-lettered (audit)", counts.get(RecordStatus.DEAD_LETTERED.value, 0)),
             ("dead letters in the topic", int(frames["dead_letters_by_reason"]["dead_letters"].sum()) if len(frames["dead_letters_by_reason"]) else 0),
-            ("waiting events (records entered; every hop with DELAYAPP_AUDIT_HOPS)", counts.get("waiting", 0)),
+            ("waiting events (records entered; every hop with DELAYAPP_AUDIT_HOPS)",
+             counts.get(RecordStatus.WAITING.value, 0)),
             ("lateness p50 / p99 / max (ms)", " / ".join(str(overall.iloc[0][c]) for c in ("p50_ms", "p99_ms", "max_ms")) if len(overall) else "-"),
         ]
         timeline = frames["dead_letters_over_time"].drop(columns=["bucket_ms"])

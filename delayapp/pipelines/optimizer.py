@@ -33,12 +33,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from delayapp.core import headers as h
+from delayapp.core.audit import RecordStatus
 from delayapp.core.durations import format_duration, parse_duration
 from delayapp.core.ladder import Ladder
 from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Histogram, Planner, expected_hops
 from delayapp.errors import ConfigError
-from delayapp.pipelines.audit_report import AUDIT_SCHEMA, header_text
+from delayapp.pipelines.audit_report import header_text, parse_audit
 from delayapp.pipelines.common import JobContext, base_parser, require_topics, run_job
 from delayapp.pipelines.errors import PipelineError
 
@@ -207,8 +208,9 @@ def observed_delays_from_ingress(context: JobContext) -> DataFrame:
 
 def observed_delays_from_audit(context: JobContext) -> DataFrame:
     """Requested delays (ms) from the audit topic: due time minus the time of the first hop."""
-    events = context.read_topic(context.layout.audit).select(F.from_json(F.col("value").cast("string"), AUDIT_SCHEMA).alias("e")).select("e.*")
-    first_hops = events.filter("status = 'waiting' AND hops = 1").dropDuplicates(["record_id", "seq"])
+    events = parse_audit(context.read_topic(context.layout.audit))
+    first_hops = events.filter((F.col("status") == RecordStatus.WAITING.value) & (F.col("hops") == 1))
+    first_hops = first_hops.dropDuplicates(["record_id", "seq"])
     return first_hops.select((F.col("reactivate_at") - F.col("at")).alias("delay_ms"))
 
 

@@ -6,11 +6,13 @@ import random
 
 import orjson
 
+from delayapp.core.audit import RecordStatus, audit_seq
 from delayapp.core.backoff import ExponentialBackoff, backoff_ms
 from delayapp.core.ladder import Ladder
 from delayapp.core.layout import TopicLayout, retention_problems, topic_specs
 from delayapp.core.readmodel import RecordStateStore
-from delayapp.engine.handler import audit_seq
+
+WAITING, DELIVERED = RecordStatus.WAITING, RecordStatus.DELIVERED
 
 
 def test_exponential_backoff_caps_and_jitters_deterministically() -> None:
@@ -22,15 +24,15 @@ def test_exponential_backoff_caps_and_jitters_deterministically() -> None:
 
 
 def test_merge_is_idempotent_and_keeps_the_latest_step() -> None:
-    hop = {"record_id": "r", "status": "waiting", "seq": audit_seq(0, 1, "waiting")}
-    done = {"record_id": "r", "status": "delivered", "seq": audit_seq(0, 1, "delivered")}
+    hop = {"record_id": "r", "status": WAITING, "seq": audit_seq(0, 1, WAITING)}
+    done = {"record_id": "r", "status": DELIVERED, "seq": audit_seq(0, 1, DELIVERED)}
     store = RecordStateStore(ttl_ms=1_000)
     assert store.apply(b"r", orjson.dumps(hop)) and store.apply(b"r", orjson.dumps(done))
-    assert store.get(b"r")["status"] == "delivered"
+    assert store.get(b"r")["status"] == DELIVERED
     assert not store.apply(b"r", orjson.dumps(hop))  # replay of an older step changes nothing
     assert not store.apply(b"r", orjson.dumps(done))  # replay of the same step changes nothing
-    retried = {"record_id": "r", "status": "waiting", "seq": audit_seq(1, 1, "waiting"), "retries": 1}
-    assert store.apply(b"r", orjson.dumps(retried)) and store.get(b"r")["status"] == "waiting"
+    retried = {"record_id": "r", "status": WAITING, "seq": audit_seq(1, 1, WAITING), "retries": 1}
+    assert store.apply(b"r", orjson.dumps(retried)) and store.get(b"r")["status"] == WAITING
 
 
 def test_topic_layout_names_and_retention_checks() -> None:

@@ -9,14 +9,16 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq, published
 from delayapp.core.readmodel import ExpiryIndex, RecordStateStore
-from delayapp.engine.handler import AuditEvent, audit_seq, published
 from delayapp.faustapp import driver as faust_driver
 
 TTL = 1_000
+WAITING, DELIVERED = RecordStatus.WAITING, RecordStatus.DELIVERED
+DEAD_LETTERED, CANCELLED = RecordStatus.DEAD_LETTERED, RecordStatus.CANCELLED
 
 
-def state(record_id: str, status: str, at: int, retries: int = 0, hops: int = 1) -> dict:
+def state(record_id: str, status: RecordStatus, at: int, retries: int = 0, hops: int = 1) -> dict:
     return {"record_id": record_id, "status": status, "at": at, "seq": audit_seq(retries, hops, status), "retries": retries, "hops": hops}
 
 
@@ -29,16 +31,16 @@ def test_a_redo_that_delivers_at_a_lower_hop_wins_over_the_copy_it_left_waiting(
     """Seen in the chaos run (at_least_once, embedded broker): a batch hopped r on to hop 6
     and lost its commit (SIGTERM mid-rebalance); the redo found r due and delivered it at hop
     5. Committed audit order: waiting h6 (seq ...60), then delivered h5 (seq ...51)."""
-    hop5, copy = state("r", "waiting", 1, retries=2, hops=5), state("r", "waiting", 2, retries=2, hops=6)
-    redo = state("r", "delivered", 3, retries=2, hops=5)
+    hop5, copy = state("r", WAITING, 1, retries=2, hops=5), state("r", WAITING, 2, retries=2, hops=6)
+    redo = state("r", DELIVERED, 3, retries=2, hops=5)
     assert copy["seq"] > redo["seq"]
     after = apply([hop5, copy, redo])
-    assert (after["status"], after["retries"], after["hops"]) == ("delivered", 2, 5)
-    assert apply([hop5, redo, copy])["status"] == "delivered", "the stale copy's waiting changes nothing"
-    again = state("r", "delivered", 9, retries=2, hops=6)  # the copy, delivered once more
+    assert (after["status"], after["retries"], after["hops"]) == (DELIVERED, 2, 5)
+    assert apply([hop5, redo, copy])["status"] == DELIVERED, "the stale copy's waiting changes nothing"
+    again = state("r", DELIVERED, 9, retries=2, hops=6)  # the copy, delivered once more
     assert apply([hop5, copy, redo, again])["hops"] == 6
-    retried = state("r", "waiting", 10, retries=3, hops=1)  # the application retried it
-    assert apply([hop5, copy, redo, retried])["status"] == "waiting"
+    retried = state("r", WAITING, 10, retries=3, hops=1)  # the application retried it
+    assert apply([hop5, copy, redo, retried])["status"] == WAITING
     assert not written(retried).apply(b"r", orjson.dumps(again)), "an older generation never comes back"
 
 
@@ -47,20 +49,20 @@ def test_a_redo_that_delivers_at_a_lower_hop_wins_over_the_copy_it_left_waiting(
 def test_any_commit_order_of_one_generation_ends_final(order: list[int], delivered_at: int) -> None:
     """However a redo interleaves a generation's committed steps, once one branch of it is
     final the table is final, with that generation's retries."""
-    events = [state("r", "waiting", i, retries=1, hops=h) for i, h in enumerate(range(1, 6))]
-    events.append(state("r", "delivered", 9, retries=1, hops=delivered_at + 1))
+    events = [state("r", WAITING, i, retries=1, hops=h) for i, h in enumerate(range(1, 6))]
+    events.append(state("r", DELIVERED, 9, retries=1, hops=delivered_at + 1))
     final = apply([events[i] for i in order])
-    assert (final["status"], final["retries"]) == ("delivered", 1)
+    assert (final["status"], final["retries"]) == (DELIVERED, 1)
 
 
 def test_only_entering_and_leaving_are_published_unless_every_hop_is_asked_for() -> None:
-    def step(status: str) -> AuditEvent:
+    def step(status: RecordStatus) -> AuditEvent:
         return AuditEvent("r", status, 1, audit_seq(0, 2, status), 0, 2, "t")
 
-    assert published(step("waiting"), entering=True, every_hop=False), "the first hop: the record entered"
-    assert not published(step("waiting"), entering=False, every_hop=False), "a hop in between"
-    assert published(step("waiting"), entering=False, every_hop=True)
-    assert all(published(step(s), entering=False, every_hop=False) for s in ("delivered", "dead_lettered", "cancelled"))
+    assert published(step(WAITING), entering=True, every_hop=False), "the first hop: the record entered"
+    assert not published(step(WAITING), entering=False, every_hop=False), "a hop in between"
+    assert published(step(WAITING), entering=False, every_hop=True)
+    assert all(published(step(s), entering=False, every_hop=False) for s in (DELIVERED, DEAD_LETTERED, CANCELLED))
 
 
 def indexed(table: dict[bytes, dict]) -> ExpiryIndex:
@@ -71,7 +73,7 @@ def indexed(table: dict[bytes, dict]) -> ExpiryIndex:
 
 
 def test_final_states_expire_only_as_they_were() -> None:
-    done, waiting, fresh = state("a", "delivered", 1_000), state("b", "waiting", 0), state("c", "dead_lettered", 9_500)
+    done, waiting, fresh = state("a", DELIVERED, 1_000), state("b", WAITING, 0), state("c", DEAD_LETTERED, 9_500)
     table = {b"a": done, b"b": waiting, b"c": fresh}
     index = indexed(table)
     assert len(index) == 2, "only final states are indexed"
@@ -88,36 +90,36 @@ def written(*events: dict) -> RecordStateStore:
 
 
 def test_the_store_folds_the_topic_as_merge_does_and_keeps_no_more_than_the_fields() -> None:
-    hop5, copy = state("r", "waiting", 1, retries=2, hops=5), state("r", "waiting", 2, retries=2, hops=6)
-    redo = dict(state("r", "delivered", 3, retries=2, hops=5), payload="never kept")
+    hop5, copy = state("r", WAITING, 1, retries=2, hops=5), state("r", WAITING, 2, retries=2, hops=6)
+    redo = dict(state("r", DELIVERED, 3, retries=2, hops=5), payload="never kept")
     store = written(hop5, copy, redo)
     held = store.get(b"r")
-    assert held is not None and (held["status"], held["hops"]) == ("delivered", 5) and "payload" not in held
+    assert held is not None and (held["status"], held["hops"]) == (DELIVERED, 5) and "payload" not in held
     assert not store.apply(b"r", orjson.dumps(copy)), "a replay changes nothing"
     assert len(store) == 1 and b"r" in store and store.get(b"other") is None
 
 
 def test_the_store_counts_what_is_not_a_state_and_a_tombstone_forgets() -> None:
-    store = written(state("r", "waiting", 1))
+    store = written(state("r", WAITING, 1))
     assert not store.apply(b"r", b"not json") and not store.apply(b"x", b"[1, 2]") and not store.apply(None, b"{}")
-    assert store.malformed == 3 and store.get(b"r")["status"] == "waiting"
+    assert store.malformed == 3 and store.get(b"r")["status"] == WAITING
     assert store.apply(b"r", None) and store.get(b"r") is None
 
 
 def test_the_store_forgets_final_states_after_the_ttl_and_never_a_newer_one() -> None:
-    store = written(state("a", "delivered", 1_000), state("b", "waiting", 0), state("c", "cancelled", 1_000))
-    store.apply(b"c", orjson.dumps(state("c", "waiting", 1_200, retries=1)))  # retried since: not final any more
+    store = written(state("a", DELIVERED, 1_000), state("b", WAITING, 0), state("c", CANCELLED, 1_000))
+    store.apply(b"c", orjson.dumps(state("c", WAITING, 1_200, retries=1)))  # retried since: not final any more
     assert store.expire(now_ms=1_000 + TTL - 1, limit=10) == 0
     assert store.expire(now_ms=1_000 + TTL + 1, limit=10) == 1
-    assert store.get(b"a") is None and store.get(b"b")["status"] == "waiting" and store.get(b"c")["retries"] == 1
+    assert store.get(b"a") is None and store.get(b"b")["status"] == WAITING and store.get(b"c")["retries"] == 1
 
 
 def test_a_replaced_state_drops_out_and_its_successor_expires_on_its_own_time() -> None:
-    table = {b"r": state("r", "delivered", 1_000)}
+    table = {b"r": state("r", DELIVERED, 1_000)}
     index = indexed(table)
-    table[b"r"] = state("r", "waiting", 2_000, retries=1)  # the application retried it
+    table[b"r"] = state("r", WAITING, 2_000, retries=1)  # the application retried it
     assert index.due(table.get, now_ms=50_000, ttl_ms=TTL, limit=10) == []
-    table[b"r"] = again = state("r", "delivered", 3_000, retries=1)
+    table[b"r"] = again = state("r", DELIVERED, 3_000, retries=1)
     index.add(b"r", again)
     assert index.due(table.get, now_ms=3_500, ttl_ms=TTL, limit=10) == []
     assert index.due(table.get, now_ms=4_500, ttl_ms=TTL, limit=10) == [again]
@@ -128,8 +130,8 @@ def test_a_replaced_state_drops_out_and_its_successor_expires_on_its_own_time() 
 
 def test_a_tick_looks_at_no_more_than_its_limit_however_large_the_table() -> None:
     """Finding 8: the timer scanned the whole table on the event loop every tick."""
-    table = {f"n{i}".encode(): state(f"n{i}", "delivered", 100_000 + i) for i in range(100_000)}  # not stale yet
-    table.update({f"o{i}".encode(): state(f"o{i}", "delivered", i) for i in range(25)})  # stale
+    table = {f"n{i}".encode(): state(f"n{i}", DELIVERED, 100_000 + i) for i in range(100_000)}  # not stale yet
+    table.update({f"o{i}".encode(): state(f"o{i}", DELIVERED, i) for i in range(25)})  # stale
     index = indexed(table)
     looked: list[bytes] = []
 
@@ -143,19 +145,18 @@ def test_a_tick_looks_at_no_more_than_its_limit_however_large_the_table() -> Non
     assert len(rest) == 15 and len(looked) == 25, "the fresh 100,000 are never looked at"
     # 50,000 replaced states come due at once: still at most `limit` looked at per tick
     for i in range(50_000):
-        table[f"n{i}".encode()] = state(f"n{i}", "waiting", 0, retries=1)
+        table[f"n{i}".encode()] = state(f"n{i}", WAITING, 0, retries=1)
     looked.clear()
     assert index.due(current, now_ms=10**9, ttl_ms=TTL, limit=1_000) == [] and len(looked) == 1_000
 
 
 steps = st.lists(
     st.one_of(
-        st.tuples(st.just("write"), st.integers(0, 7), st.sampled_from(["waiting", "delivered", "dead_lettered", "cancelled"]), st.integers(0, 3)),
+        st.tuples(st.just("write"), st.integers(0, 7), st.sampled_from(list(RecordStatus)), st.integers(0, 3)),
         st.tuples(st.just("tick"), st.integers(1, 3)),
     ),
     max_size=60,
 )
-
 
 @settings(max_examples=300, deadline=None)
 @given(steps)
@@ -170,7 +171,7 @@ def test_expiry_asks_only_for_stale_final_states_and_in_the_end_for_all_of_them(
         for asked in index.due(table.get, now_ms=now, ttl_ms=TTL, limit=limit):
             key = asked["record_id"].encode()
             current = table.get(key)
-            assert current is asked and current["status"] != "waiting" and current["at"] < now - TTL
+            assert current is asked and current["status"] != WAITING and current["at"] < now - TTL
             del table[key]
 
     for step in plan:
@@ -186,7 +187,7 @@ def test_expiry_asks_only_for_stale_final_states_and_in_the_end_for_all_of_them(
     now += 10 * TTL
     for _ in range(200):
         tick(3)
-    assert all(value["status"] == "waiting" for value in table.values())
+    assert all(value["status"] == WAITING for value in table.values())
 
 
 async def test_the_faust_worker_consumer_reads_committed_data_only() -> None:

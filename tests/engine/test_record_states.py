@@ -11,16 +11,18 @@ import faust
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
 from delayapp.core.clock import now_ms
-from delayapp.engine.handler import AuditEvent, audit_seq
 from delayapp.faustapp import driver as faust_driver
 from tests.support.kafka import Collector, Worker, broker_transactions, create_topics, producer, unique, wait_for
+
+WAITING, DELIVERED = RecordStatus.WAITING, RecordStatus.DELIVERED
 
 pytestmark = pytest.mark.integration
 
 
-def audit(record_id: str, status: str, *, retries: int, hops: int, at: int | None = None) -> bytes:
-    """An audit event as the engine writes it (``engine.handler.AuditEvent``)."""
+def audit(record_id: str, status: RecordStatus, *, retries: int, hops: int, at: int | None = None) -> bytes:
+    """An audit event as the engine writes it (:class:`delayapp.core.audit.AuditEvent`)."""
     event = AuditEvent(record_id, status, now_ms() if at is None else at, audit_seq(retries, hops, status), retries, hops, "it-target")
     return event.encode("it-target", 0, 0)
 
@@ -58,15 +60,15 @@ async def test_an_aborted_step_never_reaches_the_read_model(bootstrap: str) -> N
                 await txn.send_and_wait(topic, value, key=key.encode())
             await (txn.commit_transaction() if commit else txn.abort_transaction())
 
-        await batch(("rx", audit("rx", "waiting", retries=2, hops=2)), ("ry", audit("ry", "waiting", retries=0, hops=2)))
-        await batch(("rx", audit("rx", "waiting", retries=2, hops=3)), ("ry", audit("ry", "delivered", retries=0, hops=2)), commit=False)
-        await batch(("rx", audit("rx", "delivered", retries=2, hops=2)), ("ry", audit("ry", "waiting", retries=0, hops=3)))
-        await batch(("rz", audit("rz", "delivered", retries=0, hops=1)))  # so we know the agent read past the redo
+        await batch(("rx", audit("rx", WAITING, retries=2, hops=2)), ("ry", audit("ry", WAITING, retries=0, hops=2)))
+        await batch(("rx", audit("rx", WAITING, retries=2, hops=3)), ("ry", audit("ry", DELIVERED, retries=0, hops=2)), commit=False)
+        await batch(("rx", audit("rx", DELIVERED, retries=2, hops=2)), ("ry", audit("ry", WAITING, retries=0, hops=3)))
+        await batch(("rz", audit("rz", DELIVERED, retries=0, hops=1)))  # so we know the agent read past the redo
 
         await wait_for(lambda: record_view(worker, "rz"), 60, "the view to read past the redo")
         rx, ry = await record_view(worker, "rx"), await record_view(worker, "ry")
-        assert rx is not None and (rx["status"], rx["hops"], rx["retries"]) == ("delivered", 2, 2), rx
-        assert ry is not None and (ry["status"], ry["hops"]) == ("waiting", 3), ry
+        assert rx is not None and (rx["status"], rx["hops"], rx["retries"]) == (DELIVERED, 2, 2), rx
+        assert ry is not None and (ry["status"], ry["hops"]) == (WAITING, 3), ry
     finally:
         await txn.stop()
         worker.stop()
@@ -114,8 +116,8 @@ async def test_any_worker_serves_every_step_from_the_topic_alone_and_forgets_fin
     p = await producer(bootstrap)
     try:
         await first.wait_ready()
-        await p.send_and_wait(f"{prefix}.record-states", audit("re", "delivered", retries=1, hops=1), key=b"re")
-        await p.send_and_wait(f"{prefix}.record-states", audit("rw", "waiting", retries=0, hops=2), key=b"rw")
+        await p.send_and_wait(f"{prefix}.record-states", audit("re", DELIVERED, retries=1, hops=1), key=b"re")
+        await p.send_and_wait(f"{prefix}.record-states", audit("rw", WAITING, retries=0, hops=2), key=b"rw")
         await wait_for(lambda: record_view(first, "re"), 60, "the view to hold the state")
         first.kill()  # SIGKILL: nothing of it is needed to rebuild the view
         second = Worker(bootstrap, prefix, DELAYAPP_PARTITIONS="2", DELAYAPP_RECORD_STATE_TTL="45s").start()
@@ -124,14 +126,14 @@ async def test_any_worker_serves_every_step_from_the_topic_alone_and_forgets_fin
             await second.wait_ready()
             for worker in (first, second):
                 held = await wait_for(lambda: record_view(worker, "re"), 60, "a restarted worker to read the state")
-                assert (held["status"], held["retries"]) == ("delivered", 1)
-                assert (await record_view(worker, "rw"))["status"] == "waiting"
+                assert (held["status"], held["retries"]) == (DELIVERED, 1)
+                assert (await record_view(worker, "rw"))["status"] == WAITING
 
             async def forgotten() -> bool:
                 return all([await record_view(w, "re") is None for w in (first, second)])
 
             await wait_for(forgotten, 120, "the final state to expire in both views")
-            assert (await record_view(second, "rw"))["status"] == "waiting", "a waiting record never expires"
+            assert (await record_view(second, "rw"))["status"] == WAITING, "a waiting record never expires"
         finally:
             second.stop()
     finally:

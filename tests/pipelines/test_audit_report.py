@@ -7,10 +7,12 @@ import os
 import pytest
 
 from delayapp.core import headers as h
+from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
 from delayapp.dev.chaos.procs import unique
-from delayapp.engine.handler import AuditEvent, audit_seq
 from delayapp.pipelines import audit_report
 from tests.pipelines.kafka_util import make_topics, produce
+
+WAITING, DELIVERED, DEAD_LETTERED = RecordStatus.WAITING, RecordStatus.DELIVERED, RecordStatus.DEAD_LETTERED
 
 pytestmark = pytest.mark.integration
 T0 = 1_777_000_000_000
@@ -21,10 +23,10 @@ def _audit(prefix: str) -> list[dict]:
     for i in range(20):
         rid, target = f"r{i}", "orders" if i % 2 else "mails"
         denomination = "1s" if i < 15 else "5s"
-        events.append(AuditEvent(rid, "waiting", T0 + i, audit_seq(0, 1, "waiting"), 0, 1, target, awake_at=T0 + 1000, reactivate_at=T0 + 1000, source=f"{prefix}.ingress/0/{i}"))
-        events.append(AuditEvent(rid, "delivered", T0 + 1000 + i, audit_seq(i % 3, 1 + i % 2, "delivered"), i % 3, 1 + i % 2, target, reactivate_at=T0 + 1000, lateness_ms=i, source=f"{prefix}.delay.{denomination}/1/{i}"))
+        events.append(AuditEvent(rid, WAITING, T0 + i, audit_seq(0, 1, WAITING), 0, 1, target, awake_at=T0 + 1000, reactivate_at=T0 + 1000, source=f"{prefix}.ingress/0/{i}"))
+        events.append(AuditEvent(rid, DELIVERED, T0 + 1000 + i, audit_seq(i % 3, 1 + i % 2, DELIVERED), i % 3, 1 + i % 2, target, reactivate_at=T0 + 1000, lateness_ms=i, source=f"{prefix}.delay.{denomination}/1/{i}"))
     events.append(events[-1])  # written twice (at-least-once): counted once
-    events.append(AuditEvent("r99", "dead_lettered", T0, audit_seq(11, 0, "dead_lettered"), 11, 0, "orders", reason="retries-exhausted", source=f"{prefix}.ingress/0/99"))
+    events.append(AuditEvent("r99", DEAD_LETTERED, T0, audit_seq(11, 0, DEAD_LETTERED), 11, 0, "orders", reason="retries-exhausted", source=f"{prefix}.ingress/0/99"))
     return [{"value": e.encode(f"{prefix}.audit", 0, n), "key": e.record_id.encode()} for n, e in enumerate(events)]
 
 

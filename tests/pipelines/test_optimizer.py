@@ -7,11 +7,13 @@ import time
 
 import pytest
 
+from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
 from delayapp.core.ladder import DEFAULT_LADDER
 from delayapp.dev.chaos.procs import unique
-from delayapp.engine.handler import AuditEvent, audit_seq
 from delayapp.pipelines import optimizer
 from tests.pipelines.kafka_util import make_topics, produce
+
+WAITING = RecordStatus.WAITING
 
 pytestmark = pytest.mark.integration
 
@@ -40,8 +42,8 @@ def test_optimizer_from_ingress_requests(spark, bootstrap, tmp_path, capsys):
 def test_optimizer_from_audit_first_hops(spark, bootstrap, tmp_path):
     prefix = unique("opt")
     make_topics(bootstrap, f"{prefix}.audit")
-    events = [AuditEvent(f"r{i}", "waiting", 1_000, audit_seq(0, 1, "waiting"), 0, 1, "t", awake_at=6_000, reactivate_at=1_000 + 45_000, source="x/0/0") for i in range(10)]
-    events += [AuditEvent(f"r{i}", "waiting", 6_000, audit_seq(0, 2, "waiting"), 0, 2, "t", reactivate_at=46_000, source="x/0/0") for i in range(10)]  # later hops: not requests
+    events = [AuditEvent(f"r{i}", WAITING, 1_000, audit_seq(0, 1, WAITING), 0, 1, "t", awake_at=6_000, reactivate_at=1_000 + 45_000, source="x/0/0") for i in range(10)]
+    events += [AuditEvent(f"r{i}", WAITING, 6_000, audit_seq(0, 2, WAITING), 0, 2, "t", reactivate_at=46_000, source="x/0/0") for i in range(10)]  # later hops: not requests
     produce(bootstrap, f"{prefix}.audit", [{"value": e.encode(f"{prefix}.audit", 0, 0)} for e in events])
     out = tmp_path / "ladder.json"
     args = ["--broker", bootstrap, "--prefix", prefix, "--quiet", "--source", "audit", "--denominations", "2", "--max-worst-hops", "1000000", "--json", str(out)]

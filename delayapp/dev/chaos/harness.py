@@ -26,6 +26,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from delayapp.core import headers as h
+from delayapp.core.audit import RecordStatus
 from delayapp.core.clock import now_ms
 from delayapp.core.readmodel import RecordStateStore
 from delayapp.dev.chaos.procs import TopicCollector, WorkerProcess, create_topics, embedded_broker_env, unique, wait_for
@@ -39,7 +40,7 @@ LATE_MS = 1_000
 
 def _agrees(state: dict | None, retries: int) -> bool:
     """True when a read-model state says delivered with ``retries`` retries."""
-    return state is not None and state.get("status") == "delivered" and state.get("retries") == retries
+    return state is not None and state.get("status") == RecordStatus.DELIVERED and state.get("retries") == retries
 
 
 @dataclass
@@ -279,7 +280,7 @@ class ChaosRun:
 
         def complete() -> RecordStateStore | None:
             store = folded()
-            done = all((store.get(rid.encode()) or {}).get("status") == "delivered" for rid in deliveries)
+            done = all((store.get(rid.encode()) or {}).get("status") == RecordStatus.DELIVERED for rid in deliveries)
             return store if done else None
 
         try:

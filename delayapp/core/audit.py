@@ -1,0 +1,171 @@
+"""The audit contract: one step of a logical record, as the engine publishes it (pure: no I/O).
+
+Each published step (:func:`published`: a record entering delayapp and leaving it, every hop
+in between with ``DELAYAPP_AUDIT_HOPS``) is written as the JSON :meth:`AuditEvent.encode`
+makes, ids and times, never a payload, to two topics: ``<prefix>.audit``, which the Spark jobs
+read, and the compacted ``<prefix>.record-states``, which the read model folds
+(:mod:`delayapp.core.readmodel`). This module declares that event once:
+
+* its fields and their types (:class:`AuditEvent`, then :class:`Location` appended when it is
+  written), flattened into :data:`WIRE_FIELDS`, from which the Spark schema is derived;
+* its statuses (:class:`RecordStatus`) and which of them are final (:data:`FINAL`);
+* the order of one record's steps (:func:`audit_seq` when written, :func:`step_order` when folded);
+* the fields the read model keeps (:data:`READ_MODEL_FIELDS`).
+
+The JSON is a wire format: existing topics hold it, so a field is only ever added, never
+renamed, retyped or reordered.
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+import typing
+from dataclasses import dataclass, fields
+from typing import Annotated, Any
+
+import orjson
+
+
+class RecordStatus(str, enum.Enum):
+    """Where a step leaves a record: the ``status`` of an audit event and of a read-model state.
+
+    A ``str`` enum: it compares equal to its value and serialises as it, so JSON carries the
+    bare word (``"delivered"``) and a state decoded from JSON compares equal to the member."""
+
+    WAITING = "waiting"  # in delayapp: it entered, or hopped to a delay topic
+    DELIVERED = "delivered"  # written to its target topic
+    DEAD_LETTERED = "dead_lettered"  # written to the dead-letter topic, with a reason
+    CANCELLED = "cancelled"  # dropped by a loop because a cancellation applied to it
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FINAL = frozenset({RecordStatus.DELIVERED, RecordStatus.DEAD_LETTERED, RecordStatus.CANCELLED})
+"""Statuses no later step of the same retry generation changes: the record left delayapp."""
+
+# The last digit of a step's seq: a record's stage within one hop.
+STAGE = {RecordStatus.WAITING: 0, RecordStatus.DELIVERED: 1, RecordStatus.DEAD_LETTERED: 2, RecordStatus.CANCELLED: 3}
+
+
+class WireType(enum.Enum):
+    """The type of a field on the wire, precise enough to derive a typed schema (Spark's)."""
+
+    TEXT = "text"
+    FLAG = "flag"
+    INT32 = "int32"  # small counts: retries, hops, a partition number
+    INT64 = "int64"  # epoch ms, durations, seq, offsets
+
+
+# Integers are 64-bit on the wire unless declared as one of these.
+Count = Annotated[int, WireType.INT32]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """One step of a logical record, for the audit and record-states topics: ids and times, never a payload.
+
+    ``seq`` (:func:`audit_seq`) orders the steps of one record id, so read models can upsert
+    idempotently. Times are epoch ms. A ``status`` given as its bare word is turned into the
+    :class:`RecordStatus` member (an unknown word is refused)."""
+
+    record_id: str
+    status: RecordStatus
+    at: int  # when the step was decided
+    seq: int
+    retries: Count  # timeRetried: the retry generation
+    hops: Count  # delay hops taken so far
+    target: str | None  # reactivateToTopic
+    awake_at: int | None = None  # when the record wakes in the delay topic it now waits in
+    reactivate_at: int | None = None  # the due time
+    lateness_ms: int | None = None  # delivery time minus due time (delivered only)
+    reason: str | None = None  # the dead-letter Reason's value (dead_lettered only)
+    source: str | None = None  # topic/partition/offset the record was read from
+    priority: bool = False
+    throttled_until: int | None = None  # the rate-limit slot the delivery waited for
+    delayed_at: int | None = None  # when the application scheduled it (cancellations compare it)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.status, RecordStatus):
+            object.__setattr__(self, "status", RecordStatus(self.status))
+
+    def encode(self, topic: str | None, partition: int | None, offset: int | None) -> bytes:
+        """JSON bytes with where the record now is (the topic/partition/offset it was written
+        to; all None when nothing was written, as for a cancelled record)."""
+        body: dict[str, Any] = {name: getattr(self, name) for name in _EVENT_NAMES}
+        body.update(topic=topic, partition=partition, offset=offset)
+        return orjson.dumps(body)
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where the step's record was written, appended to the event by :meth:`AuditEvent.encode`."""
+
+    topic: str | None
+    partition: Count | None
+    offset: int | None
+
+
+_EVENT_NAMES = tuple(f.name for f in fields(AuditEvent))
+
+
+def _wire_type(hint: Any) -> WireType:
+    """The wire type of a resolved field annotation (``X | None`` is read as ``X``)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if typing.get_origin(hint) is Annotated:
+        declared = [meta for meta in hint.__metadata__ if isinstance(meta, WireType)]
+        if declared:
+            return declared[0]
+        hint = typing.get_args(hint)[0]
+    if hint is bool:  # before int: bool is an int
+        return WireType.FLAG
+    if hint is int:
+        return WireType.INT64
+    if isinstance(hint, type) and issubclass(hint, str):  # str, RecordStatus
+        return WireType.TEXT
+    raise TypeError(f"no wire type for the annotation {hint!r}")
+
+
+def _declared(cls: type) -> tuple[tuple[str, WireType], ...]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return tuple((f.name, _wire_type(hints[f.name])) for f in fields(cls))
+
+
+WIRE_FIELDS: tuple[tuple[str, WireType], ...] = _declared(AuditEvent) + _declared(Location)
+"""Every field of the JSON an audit event is written as, in its order, with its type."""
+
+READ_MODEL_FIELDS: tuple[str, ...] = tuple(name for name, _ in WIRE_FIELDS if name != "source")
+"""The fields a read-model state keeps: all but ``source`` (where the step read the record
+from); where the record is now is ``topic``/``partition``/``offset``."""
+
+
+def audit_seq(retries: int, hops: int, status: RecordStatus) -> int:
+    """Order of a step within a logical record's life: retries, then hops, then stage."""
+    return (retries * 1_000_000 + hops) * 10 + STAGE[status]
+
+
+def published(audit: AuditEvent, *, entering: bool, every_hop: bool) -> bool:
+    """True for the steps written to the audit stream and the read model: a record entering
+    delayapp (its first hop, at ingress), and leaving it (delivered, dead-lettered,
+    cancelled); with ``every_hop`` each hop in between too. The loops' own statistics count
+    every step either way."""
+    return entering or every_hop or audit.status != RecordStatus.WAITING
+
+
+def is_final(state: Any) -> bool:
+    """True for a decoded state no later step is expected to change (delivered, dead-lettered, cancelled)."""
+    return isinstance(state, dict) and state.get("status") in FINAL
+
+
+def step_order(event: dict[str, Any]) -> tuple[int, bool, int]:
+    """How far along its life a decoded ``event`` puts a record: its retry generation first,
+    then whether it left delayapp (delivered, dead-lettered, cancelled), then its ``seq``.
+
+    A final step outranks any ``waiting`` step of the same generation: once a generation is
+    delivered, a ``waiting`` of it can only be a copy an at-least-once redo left behind (a
+    batch hopped the record on, its commit was lost, the redo found it due and delivered it,
+    at a lower ``seq``). That copy, when it arrives, is delivered again and says so.
+    """
+    return int(event.get("retries") or 0), event.get("status") in FINAL, int(event.get("seq", -1))

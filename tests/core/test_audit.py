@@ -1,0 +1,128 @@
+"""The audit contract: the JSON it writes is the wire format existing topics hold, it folds into
+the read model unchanged, its declared fields are the JSON's, and every status the engine
+writes is a RecordStatus."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import orjson
+import pytest
+
+from delayapp.core import headers as h
+from delayapp.core.audit import (
+    FINAL,
+    READ_MODEL_FIELDS,
+    WIRE_FIELDS,
+    AuditEvent,
+    RecordStatus,
+    WireType,
+    audit_seq,
+    is_final,
+    step_order,
+)
+from delayapp.core.cancel import CancelRequest
+from delayapp.core.ladder import Ladder
+from delayapp.core.layout import TopicLayout
+from delayapp.core.planner import Planner
+from delayapp.core.policies import Policy
+from delayapp.core.readmodel import RecordStateStore
+from delayapp.engine.handler import RecordHandler
+from tests.support.records import Rec
+
+NOW = 1_800_000_000_000
+FULL = AuditEvent(
+    "r-1", RecordStatus.DELIVERED, 1000, 11, 1, 1, "orders", awake_at=5, reactivate_at=6, lateness_ms=-1,
+    reason="expired", source="p.ingress/0/7", priority=True, throttled_until=8, delayed_at=9,
+)
+
+
+def test_the_json_is_the_wire_format_existing_topics_hold() -> None:
+    """Byte for byte what the engine wrote before the contract moved to the core (field order included)."""
+    assert FULL.encode("orders", 2, 42) == (
+        b'{"record_id":"r-1","status":"delivered","at":1000,"seq":11,"retries":1,"hops":1,"target":"orders",'
+        b'"awake_at":5,"reactivate_at":6,"lateness_ms":-1,"reason":"expired","source":"p.ingress/0/7",'
+        b'"priority":true,"throttled_until":8,"delayed_at":9,"topic":"orders","partition":2,"offset":42}'
+    )
+    cancelled = AuditEvent("r-2", RecordStatus.CANCELLED, 2000, 3, 0, 0, None)
+    assert cancelled.encode(None, None, None) == (
+        b'{"record_id":"r-2","status":"cancelled","at":2000,"seq":3,"retries":0,"hops":0,"target":null,'
+        b'"awake_at":null,"reactivate_at":null,"lateness_ms":null,"reason":null,"source":null,"priority":false,'
+        b'"throttled_until":null,"delayed_at":null,"topic":null,"partition":null,"offset":null}'
+    )
+
+
+def test_the_declared_fields_are_the_json_fields_in_order() -> None:
+    assert [name for name, _ in WIRE_FIELDS] == list(orjson.loads(FULL.encode("t", 0, 0)))
+    types = dict(WIRE_FIELDS)
+    assert (types["status"], types["priority"], types["retries"], types["at"]) == (
+        WireType.TEXT, WireType.FLAG, WireType.INT32, WireType.INT64,
+    )
+    assert {types["partition"], types["hops"]} == {WireType.INT32} and types["offset"] is WireType.INT64
+    assert set(READ_MODEL_FIELDS) == set(types) - {"source"}
+
+
+def test_a_status_word_becomes_the_member_and_an_unknown_one_is_refused() -> None:
+    event = AuditEvent("r", "waiting", 1, 0, 0, 0, None)  # type: ignore[arg-type]  # as JSON spells it
+    assert event.status is RecordStatus.WAITING and event.status == "waiting" and str(event.status) == "waiting"
+    with pytest.raises(ValueError):
+        AuditEvent("r", "lost", 1, 0, 0, 0, None)  # type: ignore[arg-type]
+
+
+def test_the_contract_round_trips_into_the_read_model() -> None:
+    """dataclass -> JSON -> read-model merge: the state is the event's fields (but source) and its location."""
+    store = RecordStateStore(ttl_ms=1_000)
+    assert store.apply(b"r-1", FULL.encode("orders", 2, 42))
+    expected = {**dataclasses.asdict(FULL), "topic": "orders", "partition": 2, "offset": 42}
+    del expected["source"]
+    state = store.get(b"r-1")
+    assert state == expected and list(state) == list(READ_MODEL_FIELDS)
+    assert state["status"] is not RecordStatus.DELIVERED and state["status"] == RecordStatus.DELIVERED  # a bare word
+    assert is_final(state) and list(store.finals()) == [state]
+
+
+def test_an_event_written_before_a_field_existed_still_reads() -> None:
+    older = {"record_id": "r", "status": "waiting", "at": 1, "seq": audit_seq(0, 1, RecordStatus.WAITING),
+             "retries": 0, "hops": 1, "target": "t", "topic": "p.delay.5s", "partition": 0, "offset": 3}
+    store = RecordStateStore(ttl_ms=1_000)
+    assert store.apply(b"r", orjson.dumps(older))
+    state = store.get(b"r")
+    assert state is not None and state["priority"] is None and state["delayed_at"] is None
+    assert [s["record_id"] for s in store.waiting(10)] == ["r"]
+
+
+def test_steps_order_by_retries_then_hops_then_stage_and_final_outranks_waiting() -> None:
+    stages = [audit_seq(2, 5, status) for status in RecordStatus]
+    assert stages == sorted(stages) and len(set(stages)) == len(stages)
+    assert audit_seq(0, 9, RecordStatus.DELIVERED) < audit_seq(1, 1, RecordStatus.WAITING)
+    assert set(RecordStatus) - {RecordStatus.WAITING} == FINAL
+    copy = {"status": "waiting", "retries": 2, "seq": audit_seq(2, 6, RecordStatus.WAITING)}
+    redo = {"status": "delivered", "retries": 2, "seq": audit_seq(2, 5, RecordStatus.DELIVERED)}
+    assert step_order(redo) > step_order(copy)
+
+
+LAYOUT = TopicLayout("a", Ladder.parse("1s,5s"))
+
+
+def test_every_status_the_engine_writes_is_a_record_status() -> None:
+    """Drive the handler to each outcome: hop, deliver, dead-letter, cancel."""
+    cancels = {"gone": CancelRequest("gone", NOW)}
+    handler = RecordHandler(
+        layout=LAYOUT, planner=Planner(LAYOUT.ladder), policy=Policy(max_delay_ms=600_000, max_retries=3),
+        cancellations=cancels.get,
+    )
+
+    def step(record_id: str, reactivate_at: int) -> RecordStatus:
+        state = h.DelayHeaders(reactivate_to_topic="orders", record_id=record_id, reactivate_at=reactivate_at)
+        headers = h.encode(state)
+        [out] = handler.handle(Rec("a.ingress", 0, 0, NOW - 10, b"k", b"v", headers), now=NOW, ingress=True)
+        assert out.audit is not None
+        return out.audit.status
+
+    written = [
+        step("later", reactivate_at=NOW + 9_000),
+        step("now", reactivate_at=NOW - 1),
+        step("too-far", reactivate_at=NOW + 86_400_000),
+        step("gone", reactivate_at=NOW + 9_000),
+    ]
+    assert written == list(RecordStatus) and all(type(status) is RecordStatus for status in written)
