@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayapp import console as c
 from delayapp.core.readmodel import RecordStateStore
 from delayapp.core.replay import DeadLetterInfo
+from delayapp.faustapp import console as c
 from delayapp.faustapp.views import _Problem, replay_request
 
 NOW = 1_800_000_000_000
