@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from aiokafka import AIOKafkaProducer
 
@@ -65,7 +65,7 @@ async def schedule_record(
     except HeaderError as exc:
         raise CommandError(str(exc)) from None
     sent_at = now_ms()
-    due = sent_at + delay_ms if delay_ms is not None else int(at_ms)  # type: ignore[arg-type]
+    due = sent_at + delay_ms if delay_ms is not None else int(cast(int, at_ms))  # exactly one is given (checked above)
     due = max(due, valid_at_ms or 0)
     if due - sent_at > settings.max_delay:
         raise CommandError(

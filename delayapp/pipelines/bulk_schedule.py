@@ -30,7 +30,7 @@ import json
 import sys
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
@@ -101,8 +101,9 @@ def ingress_headers(request: ScheduleRequest, record_id: str) -> list[tuple[str,
     if request.due_at is not None and request.due_at.strip():
         due = (h.REACTIVATE_AT, str(parse_time_ms(request.due_at)).encode())
     else:
+        assert request.delay is not None  # exactly one of them is given (checked above)
         try:
-            due = (h.DELAY_MS, str(parse_duration(request.delay.strip())).encode())  # type: ignore[union-attr]
+            due = (h.DELAY_MS, str(parse_duration(request.delay.strip())).encode())
         except ConfigError as exc:
             raise PipelineError(str(exc)) from None
     headers = [*_user_headers(request.headers_json), (h.REACTIVATE_TO_TOPIC, request.target.encode()), due, (h.RECORD_ID, record_id.encode())]
@@ -113,7 +114,7 @@ def ingress_headers(request: ScheduleRequest, record_id: str) -> list[tuple[str,
     return headers
 
 
-def plan_rows(rows: Iterator[Any]) -> Iterator[tuple]:
+def plan_rows(rows: Iterable[Any]) -> Iterator[tuple]:
     """Rows of the canonical input to rows of :data:`PLANNED_SCHEMA` (error set when invalid)."""
     for row in rows:
         record_id = bulk_record_id(row.id, row.content, row.occurrence)
