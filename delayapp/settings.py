@@ -276,7 +276,7 @@ class Settings(BaseSettings):
         rows = []
         for name, field in type(self).model_fields.items():
             alias = field.validation_alias
-            env = " / ".join(alias.choices) if isinstance(alias, AliasChoices) else f"DELAYAPP_{name.upper()}"
+            env = " / ".join(map(str, alias.choices)) if isinstance(alias, AliasChoices) else f"DELAYAPP_{name.upper()}"
             value = getattr(self, name)
             if isinstance(value, SecretStr):
                 value = "********"

@@ -93,10 +93,13 @@ def parse_envelope(raw: bytes | None) -> Envelope | DeadLetter:
     if missing:
         return _malformed(f"missing field{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     target, value, delay = _target(body["topic"]), _value(body["message"]), countdown_ms(body["countdown"])
-    for part in (target, value, delay):
-        if isinstance(part, DeadLetter):
-            return part
-    return Envelope(target, value, delay)  # type: ignore[arg-type]
+    if isinstance(target, DeadLetter):
+        return target
+    if isinstance(value, DeadLetter):
+        return value
+    if isinstance(delay, DeadLetter):
+        return delay
+    return Envelope(target, value, delay)
 
 
 def translate_envelope(value: bytes | None, headers: h.Headers | None) -> Translation | DeadLetter:

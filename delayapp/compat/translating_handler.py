@@ -9,21 +9,24 @@ carries the source record's own key, value and headers.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from delayapp.compat.cesium import translate_cesium
 from delayapp.compat.envelope import translate_envelope
 from delayapp.compat.translation import Translation
 from delayapp.core import headers as h
 from delayapp.core.policies import DeadLetter, Wait
-from delayapp.engine.handler import Output, RecordHandler
+from delayapp.engine.handler import Handler, Output, RecordHandler
+from delayapp.engine.records import ConsumedRecord
 
-Translate = Callable[[Any, int], Translation | DeadLetter]
+Translate = Callable[[ConsumedRecord, int], Translation | DeadLetter]
+"""Reads a source record (at ``now``) into what the router admits, or says why it cannot."""
 
 
 @dataclass(frozen=True, slots=True)
 class TranslatedRecord:
-    """A consumed record's position and timestamp with the translated value and headers."""
+    """A consumed record's position and timestamp with the translated value and headers (a
+    :class:`delayapp.engine.records.ConsumedRecord`)."""
 
     topic: str
     partition: int
@@ -35,15 +38,15 @@ class TranslatedRecord:
     timestamp_type: int = 0  # 1: the timestamp is the broker's append time (delayMs counts from it)
 
 
-class TranslatingHandler:
-    """Same interface as :class:`RecordHandler` (``handle``, ``refused``, ``dead_letter``, ``targets``, ``layout``)."""
+class TranslatingHandler(Handler):
+    """A :class:`delayapp.engine.handler.Handler` in front of a :class:`RecordHandler` (plus its ``dead_letter``)."""
 
     def __init__(self, inner: RecordHandler, translate: Translate) -> None:
         self.inner = inner
         self.translate = translate
         self.layout = inner.layout
 
-    def translated(self, record: Any, now: int) -> TranslatedRecord | DeadLetter:
+    def translated(self, record: ConsumedRecord, now: int) -> TranslatedRecord | DeadLetter:
         """``record`` as the router will see it, or why it cannot be translated."""
         result = self.translate(record, now)
         if isinstance(result, DeadLetter):
@@ -53,12 +56,14 @@ class TranslatingHandler:
             getattr(record, "timestamp_type", 0),
         )
 
-    def targets(self, records: Iterable[Any], *, now: int) -> set[str]:
+    def targets(self, records: Iterable[ConsumedRecord], *, now: int) -> set[str]:
         """The target topics ``records`` name once translated (untranslatable ones name none)."""
         translated = (self.translated(record, now) for record in records)
         return self.inner.targets([t for t in translated if not isinstance(t, DeadLetter)], now=now)
 
-    def handle(self, record: Any, *, now: int, ingress: bool = True, max_wait_ms: int = 0) -> Wait | list[Output]:
+    def handle(
+        self, record: ConsumedRecord, *, now: int, ingress: bool = True, max_wait_ms: int = 0,
+    ) -> Wait | list[Output]:
         """Translate ``record`` and admit it as the router does (``ingress`` is always true here)."""
         translated = self.translated(record, now)
         if isinstance(translated, DeadLetter):
@@ -68,16 +73,19 @@ class TranslatingHandler:
             return step
         return [self._with_original(out, record, translated) if out.topic == self.layout.dead_letter else out for out in step]
 
-    def dead_letter(self, record: Any, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None, drop_value: bool = False) -> Output:
+    def dead_letter(
+        self, record: ConsumedRecord, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None,
+        drop_value: bool = False,
+    ) -> Output:
         """As :meth:`RecordHandler.dead_letter`."""
         return self.inner.dead_letter(record, verdict, now=now, state=state, drop_value=drop_value)
 
-    def refused(self, record: Any, verdict: DeadLetter, *, now: int, drop_value: bool = False) -> Output:
+    def refused(self, record: ConsumedRecord, verdict: DeadLetter, *, now: int, drop_value: bool = False) -> Output:
         """As :meth:`RecordHandler.refused`: the source record, whose translation a target refused."""
         return self.inner.dead_letter(record, verdict, now=now, state=None, drop_value=drop_value)
 
     @staticmethod
-    def _with_original(dead: Output, record: Any, translated: TranslatedRecord) -> Output:
+    def _with_original(dead: Output, record: ConsumedRecord, translated: TranslatedRecord) -> Output:
         # The router dead-lettered the translated record: its headers are the translated
         # ones followed by the dead-letter headers. Put the source record's back in front.
         added = dead.headers[len(translated.headers):]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields, replace
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypeVar
 
 from delayapp.core.errors import HeaderError
 
@@ -80,6 +80,7 @@ _RECORD_ID = re.compile(r"^[\x21-\x7e]+$")
 
 Headers = Sequence[tuple[str, bytes | None]]
 HeaderList = list[tuple[str, bytes]]
+HeaderValue = TypeVar("HeaderValue", bound="bytes | None")  # a header list keeps its value type through a helper
 
 
 class NotEpochMillis(HeaderError):
@@ -109,8 +110,8 @@ class DelayHeaders:
         """True for a record in the priority lane."""
         return self.priority == PRIORITY_HIGH
 
-    def evolve(self, **changes: object) -> "DelayHeaders":
-        """A copy with some fields changed."""
+    def evolve(self, **changes: Any) -> "DelayHeaders":
+        """A copy with some fields changed (``dataclasses.replace`` checks the names; each field's type is its own)."""
         return replace(self, **changes)
 
     def irremovable(self) -> "DelayHeaders":
@@ -216,7 +217,7 @@ def decode(headers: Headers | None) -> tuple[DelayHeaders, HeaderList]:
     Raises :class:`HeaderError` for a delay header that is repeated, null, non-ASCII,
     non-decimal or out of range. Other headers are never inspected.
     """
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}  # field name -> its value as _decode_value checked it (int or str)
     passthrough: HeaderList = []
     for name, raw in headers or ():
         field = _FIELD_BY_HEADER.get(name)
@@ -226,7 +227,7 @@ def decode(headers: Headers | None) -> tuple[DelayHeaders, HeaderList]:
         if field in values:
             raise HeaderError(name, "appears more than once")
         values[field] = _decode_value(name, raw)
-    return DelayHeaders(**values), passthrough  # type: ignore[arg-type]
+    return DelayHeaders(**values), passthrough
 
 
 def strip_never_from_producer(headers: Headers | None) -> tuple[list[tuple[str, bytes | None]], list[str]]:
@@ -260,7 +261,9 @@ def encode(state: DelayHeaders, passthrough: Iterable[tuple[str, bytes]] = ()) -
     return out
 
 
-def dead_letter_headers(headers: Iterable[tuple[str, bytes | None]], *, reason: str, detail: str, now_ms: int, source: str) -> list:
+def dead_letter_headers(
+    headers: Iterable[tuple[str, HeaderValue]], *, reason: str, detail: str, now_ms: int, source: str,
+) -> list[tuple[str, HeaderValue | bytes]]:
     """``headers`` followed by the dead-letter headers: reason, a sentence (at most 1000 bytes), when, from where."""
     return [
         *headers,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterable, Protocol
 
 from delayapp.core.released import decode_released, encode_released
@@ -139,8 +140,9 @@ class PartitionState:
                 continue
             if blocked and (not release_ahead or ahead >= MAX_RELEASED_AHEAD):
                 break
+            until: int | None
             if entry.awake_at is not None and entry.awake_at > now:
-                until: int | None = entry.awake_at
+                until = entry.awake_at
             else:
                 step = handle(entry, now)
                 self.progress_s = now_s
@@ -260,7 +262,7 @@ class AssignedPartitions:
                 continue
             was_waiting = part.wait_until is not None
             done = part.release_due(
-                clock(), lambda entry, now, key=key: handle(key, entry, now),
+                clock(), partial(handle, key),
                 release_ahead=self.release_ahead, clock=clock, now_s=now_s,
             )
             new_waits += part.wait_until is not None and not was_waiting

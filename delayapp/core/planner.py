@@ -179,7 +179,8 @@ class Planner:
         units = np.maximum(-(-delays // self.unit), 0)  # rounded up; due or past: no hop
         largest = self._coins[-1]
         extra = np.where(units > self._bound, -(-(units - self._bound) // largest), 0)
-        return self._table[units - extra * largest].astype(np.int64) + extra  # every amount is reachable
+        counts: np.ndarray = self._table[units - extra * largest].astype(np.int64) + extra  # every amount is reachable
+        return counts
 
     def expected_hops(self, histogram: Histogram) -> float:
         """Mean hop count of the minimal plans over ``(delay, count)`` pairs; 0 for no delays."""
@@ -251,7 +252,7 @@ def _min_coin_table(coins: tuple[int, ...], size: int) -> np.ndarray:
     dp[0] = 0
     for c in coins:
         rows = -(-size // c)
-        grid = np.full(rows * c, UNREACHABLE, dtype=np.int64)
+        grid: np.ndarray = np.full(rows * c, UNREACHABLE, dtype=np.int64)
         grid[:size] = dp
         grid = grid.reshape(rows, c)
         step = np.arange(rows, dtype=np.int64)[:, None]

@@ -199,9 +199,11 @@ def route(
     """Decide the next step of an admitted record at ``now_ms``. Never releases early."""
     if state.awake_at is not None and now_ms < state.awake_at:
         return Wait(state.awake_at)
-    verdict = policy.check_target(state.reactivate_to_topic, known_topics)
+    target = state.reactivate_to_topic
+    verdict = policy.check_target(target, known_topics)
     if verdict is not None:
         return verdict
+    assert target is not None  # check_target refuses a record without a target
     if state.reactivate_at is None:
         return DeadLetter(Reason.MISSING_DUE_TIME, "no reactivateAt header on a delayed record")
     retried = state.time_retried or 0
@@ -226,5 +228,5 @@ def route(
         return Wait(due)  # a hop this short would arrive after its due time: hold it instead
     hop = planner.next_hop(remaining)
     if hop is None:
-        return Deliver(state.reactivate_to_topic, state.irremovable(), due)  # type: ignore[arg-type]
+        return Deliver(target, state.irremovable(), due)
     return Enqueue(hop, state.evolve(awake_at=now_ms + hop.duration_ms, delay_hops=(state.delay_hops or 0) + 1))

@@ -29,6 +29,7 @@ from delayapp.core.clock import now_ms
 from delayapp.core.layout import DAY_MS
 from delayapp.core.policies import CREATE_TIME
 from delayapp.engine.metadata import topic_partitions
+from delayapp.engine.records import ConsumedRecord
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class CancelRegistry(Service):
         while not self.should_stop and self._consumer is not None:
             self._apply(await self._consumer.getmany(timeout_ms=500))
 
-    def _apply(self, fetched: dict) -> None:
+    def _apply(self, fetched: dict[TopicPartition, list[ConsumedRecord]]) -> None:
         now = now_ms()
         horizon = now - self._keep_ms
         for records in fetched.values():

@@ -8,7 +8,7 @@ first) and every delay worker.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Container, Iterable
+from typing import Callable, Container, Iterable, Protocol
 
 from delayapp.core import headers as h
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
@@ -25,12 +25,14 @@ from delayapp.core.policies import (
     Enqueue,
     Policy,
     Reason,
+    Step,
     Wait,
     admit,
     route,
     stable_record_id,
 )
 from delayapp.core.throttle import DeliverySlots
+from delayapp.engine.records import ConsumedRecord
 
 FIRST_SEEN_LIMIT = 10_000  # remembered first reads before stale ones are dropped
 FIRST_SEEN_KEEP_MS = 600_000  # far longer than any wait in the router (below the smallest hop)
@@ -38,12 +40,17 @@ FIRST_SEEN_KEEP_MS = 600_000  # far longer than any wait in the router (below th
 RECORD_OVERHEAD_BYTES = 70  # a record's framing in a v2 batch, at most
 
 
-def record_size(key: bytes | None, value: bytes | None, headers: Any) -> int:
+def record_size(key: bytes | None, value: bytes | None, headers: h.Headers | None) -> int:
     """Bytes a record takes on the wire, as brokers count it against message.max.bytes."""
     size = RECORD_OVERHEAD_BYTES + len(key or b"") + len(value or b"")
     for name, raw in headers or ():
         size += len(name) + len(raw or b"") + 10
     return size
+
+
+OutputHeaders = list[tuple[str, bytes]] | list[tuple[str, bytes | None]]
+"""The headers of a record to produce: a list (what librdkafka writes); a dead letter keeps the
+consumed record's headers, whose values may be null."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +62,30 @@ class Output:
     topic: str | None
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, bytes]]
+    headers: OutputHeaders
     audit: AuditEvent | None = None
 
 
-class RecordHandler:
+class Handler(Protocol):
+    """What a :class:`delayapp.engine.loop.HopLoop` calls on its handler: the interface
+    :class:`RecordHandler` and :class:`delayapp.compat.translating_handler.TranslatingHandler` implement."""
+
+    layout: TopicLayout  # the loop reads the dead-letter topic from it
+
+    def targets(self, records: Iterable[ConsumedRecord], *, now: int) -> set[str]:
+        """The target topics ``records`` name (the loop makes sure they exist before deciding)."""
+        ...
+
+    def handle(self, record: ConsumedRecord, *, now: int, ingress: bool, max_wait_ms: int = 0) -> Wait | list[Output]:
+        """Wait (not due: the partition waits) or the records to produce for ``record``."""
+        ...
+
+    def refused(self, record: ConsumedRecord, verdict: DeadLetter, *, now: int, drop_value: bool = False) -> Output:
+        """The dead-letter copy of ``record``, whose output a target refused for good."""
+        ...
+
+
+class RecordHandler(Handler):
     """Decides, for each consumed record, to wait, hop, deliver or dead-letter it."""
 
     def __init__(
@@ -85,7 +111,7 @@ class RecordHandler:
         # ingress records without broker time that wait in the router: when it first read them
         self._first_seen: dict[tuple[str, int, int], int] = {}
 
-    def targets(self, records: Iterable[Any], *, now: int) -> set[str]:
+    def targets(self, records: Iterable[ConsumedRecord], *, now: int) -> set[str]:
         """The target topics ``records`` name (their ``reactivateToTopic``), read without decoding the rest."""
         names = set()
         for record in records:
@@ -94,7 +120,7 @@ class RecordHandler:
                 names.add(raw.decode("ascii", "replace"))
         return names
 
-    def handle(self, record: Any, *, now: int, ingress: bool, max_wait_ms: int = 0) -> Wait | list[Output]:
+    def handle(self, record: ConsumedRecord, *, now: int, ingress: bool, max_wait_ms: int = 0) -> Wait | list[Output]:
         """Wait (not due: the partition waits) or the records to produce for ``record``, read from
         a topic whose records wait at most ``max_wait_ms`` (its denomination; 0 for ingress)."""
         if not ingress or getattr(record, "timestamp_type", CREATE_TIME) == LOG_APPEND_TIME:
@@ -111,7 +137,9 @@ class RecordHandler:
             self._first_seen[where] = seen_at
         return step
 
-    def _handle(self, record: Any, *, now: int, ingress: bool, seen_at: int, max_wait_ms: int) -> Wait | list[Output]:
+    def _handle(
+        self, record: ConsumedRecord, *, now: int, ingress: bool, seen_at: int, max_wait_ms: int,
+    ) -> Wait | list[Output]:
         source = f"{record.topic}/{record.partition}/{record.offset}"
         if record.value is None:
             verdict = DeadLetter(Reason.TOMBSTONE, "null value (tombstone): a delayed delete would be applied out of order, so it is not delayed")
@@ -182,7 +210,7 @@ class RecordHandler:
         )
         return [Output(step.topic, record.key, record.value, h.encode(step.state, passthrough), event)]
 
-    def _throttle(self, step: Deliver, state: h.DelayHeaders, *, now: int, ticket: str) -> tuple[Any, int | None]:
+    def _throttle(self, step: Deliver, state: h.DelayHeaders, *, now: int, ticket: str) -> tuple[Step, int | None]:
         """Deliver now if the target's rate allows, else wait for the slot reserved for this
         record; also returns the slot, if the record had to wait for one.
 
@@ -199,7 +227,7 @@ class RecordHandler:
             self.slots.forget(ticket)  # the ladder carries the slot from here
         return rerouted, slot
 
-    def refused(self, record: Any, verdict: DeadLetter, *, now: int, drop_value: bool = False) -> Output:
+    def refused(self, record: ConsumedRecord, verdict: DeadLetter, *, now: int, drop_value: bool = False) -> Output:
         """The dead-letter copy of consumed ``record``, whose output a target refused for good;
         its delay state is read for the audit event when its headers allow."""
         try:
@@ -208,7 +236,10 @@ class RecordHandler:
             state = None
         return self.dead_letter(record, verdict, now=now, state=state, drop_value=drop_value)
 
-    def dead_letter(self, record: Any, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None, drop_value: bool = False) -> Output:
+    def dead_letter(
+        self, record: ConsumedRecord, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None,
+        drop_value: bool = False,
+    ) -> Output:
         """The dead-letter copy: original key, value and headers, plus reason and detail.
 
         ``drop_value`` leaves the value out (it cannot be written anywhere); the header

@@ -39,7 +39,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, Coroutine, cast
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -53,12 +53,13 @@ from confluent_kafka import (
 )
 from mode import Service
 
-from delayapp.core.audit import RecordStatus, published
+from delayapp.core.audit import AuditEvent, RecordStatus, published
 from delayapp.core.clock import GuardedClock, monotonic_ms
-from delayapp.core.headers import AWAKE_AT, header_value
+from delayapp.core.headers import AWAKE_AT, Headers, header_value
 from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending, credible_awake_at
-from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME, DeadLetter, Reason
-from delayapp.engine.handler import Output, RecordHandler, record_size
+from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME, DeadLetter, Reason, Wait
+from delayapp.engine.handler import Handler, Output, OutputHeaders, record_size
+from delayapp.engine.records import ConsumedRecord
 from delayapp.settings import Guarantee, Settings
 
 log = logging.getLogger(__name__)
@@ -116,26 +117,39 @@ class LoopStats:
     rewinds: int = 0
     fenced: int = 0  # exactly_once transactions aborted because the group had replaced this member (KIP-447)
     skipped_by_retention: int = 0  # records deleted by retention before they were forwarded (an alarm)
-    delivered_by_target: Counter = field(default_factory=Counter)
-    dead_letters_by_reason: Counter = field(default_factory=Counter)
-    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
+    delivered_by_target: Counter[str | None] = field(default_factory=Counter)
+    dead_letters_by_reason: Counter[str | None] = field(default_factory=Counter)
+    recent: deque[tuple[int, str, int | None]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
     last_progress_ms: int = 0
 
 
-class ConsumedRecord:
-    """A fetched record with the attributes the handlers read (named as in aiokafka's records)."""
+class FetchedRecord:
+    """A record librdkafka fetched, as a :class:`delayapp.engine.records.ConsumedRecord` (the
+    attributes the handlers read, named as in aiokafka's records)."""
 
     __slots__ = ("topic", "partition", "offset", "key", "value", "headers", "timestamp", "timestamp_type")
 
     def __init__(self, message: Message) -> None:
-        self.topic: str = message.topic()
-        self.partition: int = message.partition()
-        self.offset: int = message.offset()
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        assert topic is not None and partition is not None and offset is not None  # a record, not an error event
+        self.topic: str = topic
+        self.partition: int = partition
+        self.offset: int = offset
         self.key: bytes | None = message.key()
         self.value: bytes | None = message.value()
-        self.headers: list[tuple[str, bytes]] = message.headers() or []
-        kind, self.timestamp = message.timestamp()
-        self.timestamp_type = LOG_APPEND_TIME if kind == TIMESTAMP_LOG_APPEND_TIME else CREATE_TIME
+        # librdkafka returns a consumed record's headers as a list of (str, bytes | None); the
+        # stub's type also covers the dict and str values a producer may pass
+        self.headers: Headers = cast(Headers, message.headers() or [])
+        kind, timestamp = message.timestamp()
+        self.timestamp: int = timestamp
+        self.timestamp_type: int = LOG_APPEND_TIME if kind == TIMESTAMP_LOG_APPEND_TIME else CREATE_TIME
+
+
+def _written_at(message: Message) -> tuple[str, int, int]:
+    """Where an acknowledged write landed: (topic, partition, offset)."""
+    topic, partition, offset = message.topic(), message.partition(), message.offset()
+    assert topic is not None and partition is not None and offset is not None  # set on every acknowledged write
+    return topic, partition, offset
 
 
 @dataclass(eq=False)
@@ -171,7 +185,7 @@ class HopLoop(Service):
         name: str,
         topic: str,
         group_id: str,
-        handler: RecordHandler,
+        handler: Handler,
         settings: Settings,
         audit_topic: str | None,
         states_topic: str | None = None,
@@ -179,7 +193,7 @@ class HopLoop(Service):
         priority_topic: str | None = None,
         max_wait_ms: int = 0,
         clock: GuardedClock | None = None,
-        observer: Callable[["HopLoop", Any], None] | None = None,
+        observer: Callable[[HopLoop, AuditEvent], None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -200,7 +214,7 @@ class HopLoop(Service):
         self.parts = AssignedPartitions(priority_topic=priority_topic, release_ahead=settings.release_ahead)
         self.running = asyncio.Event()
         # called with the target topics a fetched batch names, before it is decided (a coroutine, run on the worker's event loop)
-        self.before_decide: Callable[[set[str]], Awaitable[None]] | None = None
+        self.before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None = None
         # called with a target a write to which failed in a way that may mean it is gone
         self.on_target_failed: Callable[[str], None] | None = None
         self._consumer: Consumer | None = None
@@ -478,7 +492,7 @@ class HopLoop(Service):
             if error is not None:
                 self._fetch_error(message, error)
                 continue
-            record = ConsumedRecord(message)
+            record: ConsumedRecord = FetchedRecord(message)  # mypy checks that it is what handlers read
             # an ingress record's awakeAt is a producer's: never waited for (the handler strips it)
             awake_at = None if self.ingress else self._awake_at(record, fetched_at)
             by_partition.setdefault((record.topic, record.partition), []).append(
@@ -506,7 +520,7 @@ class HopLoop(Service):
                         self.label, record.topic, record.partition, record.offset, raw.decode(), self.max_wait_ms)
         return awake
 
-    def _handle(self, key: PartitionKey, entry: Pending, now: int) -> Any:
+    def _handle(self, key: PartitionKey, entry: Pending, now: int) -> Wait | list[Output]:
         refused = self._refused.pop((key, entry.offset), None)
         if refused is not None:  # its target refused it in an aborted transaction: dead-letter it now
             return [self.handler.refused(entry.record, refused, now=now)]
@@ -514,7 +528,9 @@ class HopLoop(Service):
 
     def _fetch_error(self, message: Message, error: KafkaError) -> None:
         if error.code() == KafkaError._AUTO_OFFSET_RESET:
-            self._reset((message.topic(), message.partition()))
+            topic, partition = message.topic(), message.partition()
+            assert topic is not None and partition is not None  # a reset error names its partition
+            self._reset((topic, partition))
         elif error.fatal():
             raise KafkaException(error)
         else:
@@ -569,13 +585,17 @@ class HopLoop(Service):
                                   partial(self._acked, written, key, entry, output))
 
     def _produce(self, batch: _Batch, topic: str, value: bytes | None, key: bytes | None,
-                 headers: list[tuple[str, bytes]] | None, on_delivery: Callable[[KafkaError | None, Message | None], None]) -> None:
+                 headers: OutputHeaders | None,
+                 on_delivery: Callable[[KafkaError | None, Message | None], None]) -> None:
         producer = self._producer
         assert producer is not None
         batch.pending += 1
+        # the stub asks for list[tuple[str, str | bytes | None]]; ours holds a narrower value type,
+        # which mypy refuses only because lists are invariant
+        librdkafka_headers = cast("list[tuple[str, str | bytes | None]] | None", headers)
         while True:
             try:
-                producer.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+                producer.produce(topic, value, key, headers=librdkafka_headers, on_delivery=on_delivery)
                 return
             except BufferError:  # librdkafka's queue is full: serve acknowledgements, then try again
                 producer.poll(0.005)
@@ -595,7 +615,7 @@ class HopLoop(Service):
         kind, stamp = message.timestamp()
         if kind == TIMESTAMP_LOG_APPEND_TIME:  # the broker's clock
             self.clock.observe(stamp, monotonic_ms())
-        self._account(batch, output, (message.topic(), message.partition(), message.offset()))
+        self._account(batch, output, _written_at(message))
 
     def _account(self, batch: _Batch, output: Output, where: tuple[str, int, int] | None) -> None:
         """Count a write that happened and write its audit event (in the same batch: its
@@ -643,15 +663,16 @@ class HopLoop(Service):
                 return
             if error is None:
                 assert message is not None
-                self._account(batch, dead, (message.topic(), message.partition(), message.offset()))
+                self._account(batch, dead, _written_at(message))
             elif not drop_value and refused_for_good(error):
                 self._dead_letter(batch, entry, verdict, drop_value=True)
             else:
                 batch.error = error
 
+        assert dead.topic is not None  # a dead letter always goes to the dead-letter topic
         self._produce(batch, dead.topic, dead.value, dead.key, dead.headers, acked)
 
-    def _count(self, audit: Any) -> None:
+    def _count(self, audit: AuditEvent) -> None:
         stats = self.stats
         if audit.status == RecordStatus.WAITING:
             stats.hops += 1
@@ -704,7 +725,11 @@ class HopLoop(Service):
             offsets = {key: point for key, point in offsets.items() if key in self.parts.parts}
         if not offsets:
             return
-        consumer.commit(offsets=[TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()], asynchronous=not wait)
+        points = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
+        if wait:
+            consumer.commit(offsets=points, asynchronous=False)
+        else:
+            consumer.commit(offsets=points, asynchronous=True)
         with self._state_lock:
             self.parts.committed_to(offsets)
         self.stats.commits += 1
@@ -907,7 +932,7 @@ class HopLoop(Service):
             self._rewind(stalled)
 
 
-class _AtLeastInfo(logging.LoggerAdapter):
+class _AtLeastInfo(logging.LoggerAdapter[logging.Logger]):
     """librdkafka's debug lines, logged at INFO so a worker run at ``-l info`` shows them."""
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:

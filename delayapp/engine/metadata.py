@@ -33,7 +33,7 @@ def forbid_topic_auto_creation() -> None:
         original(self, topics, False if allow_auto_topic_creation is None else allow_auto_topic_creation)
 
     setattr(__init__, _PATCHED, True)
-    request.__init__ = __init__  # type: ignore[method-assign]  # the only hook aiokafka offers
+    request.__init__ = __init__  # the only hook aiokafka offers
 
 
 async def topic_partitions(consumer: Any, topics: Iterable[str]) -> dict[str, set[int]]:

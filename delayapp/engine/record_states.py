@@ -21,6 +21,7 @@ from mode import Service
 from delayapp.core.clock import now_ms
 from delayapp.core.readmodel import RecordStateStore
 from delayapp.engine.metadata import topic_partitions
+from delayapp.engine.records import ConsumedRecord
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class RecordStatesView(Service):
             waited += 1
             await self.sleep(1.0)
 
-    def _apply(self, fetched: dict) -> None:
+    def _apply(self, fetched: dict[TopicPartition, list[ConsumedRecord]]) -> None:
         malformed = self.store.malformed
         for records in fetched.values():
             for record in records:

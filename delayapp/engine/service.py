@@ -125,7 +125,7 @@ class DelayEngine(Service):
         await self.add_runtime_dependency(self.cancellations)
         await asyncio.wait_for(self.cancellations.caught_up.wait(), timeout=120)
         audit, states = (self.layout.audit, self.layout.record_states) if s.audit_enabled else (None, None)
-        common = dict(
+        common: dict[str, Any] = dict(  # the keyword arguments every HopLoop gets (see ExtraLoops)
             handler=self.handler, settings=s, audit_topic=audit, states_topic=states, observer=self.metrics.observe, clock=self.clock,
             loop=self.loop, beacon=self.beacon,
         )

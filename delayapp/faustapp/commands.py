@@ -66,9 +66,11 @@ def _header(text: str) -> tuple[str, bytes]:
 
 
 def _read_value(value: str | None, value_file: IO[bytes] | None) -> bytes:
-    if (value is None) == (value_file is None):
-        raise CommandError("give exactly one of --value and --value-file (- reads standard input)")
-    return value.encode() if value is not None else value_file.read()  # type: ignore[union-attr]
+    if value is not None and value_file is None:
+        return value.encode()
+    if value_file is not None and value is None:
+        return value_file.read()
+    raise CommandError("give exactly one of --value and --value-file (- reads standard input)")
 
 
 @app.command(

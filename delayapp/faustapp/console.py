@@ -55,8 +55,8 @@ def due_histogram(due_times: Iterable[int | None], *, now_ms: int, edges: Sequen
         if ahead is None or ahead <= 0:
             counts[0] += 1
             continue
-        for n, (_, upper) in enumerate(bounds[1:], start=1):
-            if upper is None or ahead < upper:
+        for n, (_, bound) in enumerate(bounds[1:], start=1):
+            if bound is None or ahead < bound:
                 counts[n] += 1
                 break
     return [{"label": due_label(lo, up), "count": c} for (lo, up), c in zip(bounds, counts)]
@@ -160,11 +160,11 @@ def dead_letter_bins(
     ``per_minute`` maps a minute's start (epoch ms) to counts per reason."""
     width = span_ms // bins
     start = now_ms - span_ms
-    out = [{"start": start + n * width, "counts": {}} for n in range(bins)]
+    out: list[dict[str, Any]] = [{"start": start + n * width, "counts": {}} for n in range(bins)]
     for minute, reasons in per_minute.items():
         n = (minute - start) // width
         if 0 <= n < bins:
-            counts = out[n]["counts"]
+            counts: dict[str, int] = out[n]["counts"]
             for reason, count in reasons.items():
                 counts[reason] = counts.get(reason, 0) + count
     return out

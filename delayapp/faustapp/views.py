@@ -92,7 +92,7 @@ class Health(View):
     async def get(self, request: Request) -> Response:
         engine = app.engine
         loops = {lp.name: lp.running.is_set() for lp in engine.loops} if engine else {}
-        healthy = bool(loops) and all(loops.values()) and engine.cancellations.caught_up.is_set()
+        healthy = engine is not None and bool(loops) and all(loops.values()) and engine.cancellations.caught_up.is_set()
         return self.json({"healthy": healthy, "loops": loops, "worker": settings.worker_instance_id}, status=200 if healthy else 503)
 
 
@@ -156,7 +156,8 @@ class Cancel(View):
     async def post(self, request: Request, record_id: str) -> Response:
         try:
             _authorise(request)
-            body = await _json_body(request) if request.can_read_body else {}
+            # faust declares can_read_body a method; the aiohttp request views get has it as a property
+            body = await _json_body(request) if request.can_read_body else {}  # type: ignore[truthy-function]
             reason = str(body.get("reason") or "") if isinstance(body, dict) else ""
             producer = await _engine().api_producer()
             cancelled_at = await cancel(producer, record_id, cancel_topic=layout.cancellations, reason=reason, by="http")

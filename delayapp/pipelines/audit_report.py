@@ -267,6 +267,7 @@ def report(context: JobContext, out_dir: str, since_ms: int | None = None, until
         said.append(f"{events.count()} audit events, {letters.count()} dead letters")
     with progress.step("aggregating") as said:
         span = letters.agg((F.max("at") - F.min("at")).alias("span")).first()
+        assert span is not None  # an aggregate without groups is one row, even over no rows
         bucket_ms = time_bucket_ms(int(span.span or 0))
         tables = {
             "lateness": lateness_table(events, layout.ladder.labels),
@@ -275,7 +276,7 @@ def report(context: JobContext, out_dir: str, since_ms: int | None = None, until
             "dead_letters_by_reason": letters.groupBy("reason").agg(F.count("*").alias("dead_letters")).orderBy(F.desc("dead_letters"), "reason"),
             "dead_letters_over_time": over_time(letters, bucket_ms),
         }
-        frames = {}
+        frames: dict[str, Any] = {}  # pandas DataFrames (pandas ships no type hints)
         for name, table in tables.items():
             table.coalesce(1).write.mode("overwrite").parquet(os.path.join(out_dir, "parquet", name))
             frames[name] = table.toPandas()

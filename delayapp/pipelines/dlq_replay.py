@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from pyspark.sql import functions as F
 
@@ -49,7 +49,7 @@ def _headers(row: Any) -> list[tuple[str, bytes | None]]:
     return [(name, None if raw is None else bytes(raw)) for name, raw in row.headers or ()]
 
 
-def replay_candidates(rows: Iterator[Any], selection: ReplayFilter) -> Iterator[tuple]:
+def replay_candidates(rows: Iterable[Any], selection: ReplayFilter) -> Iterator[tuple]:
     """Dead-letter rows to rows of :data:`CANDIDATE_SCHEMA`: the selected ones, and why one cannot be replayed."""
     for row in rows:
         headers = _headers(row)
@@ -62,7 +62,7 @@ def replay_candidates(rows: Iterator[Any], selection: ReplayFilter) -> Iterator[
         yield (source_key, row.key, row.value, row.headers, info.reason, info.record_id, skip)
 
 
-def replay_records(rows: Iterator[Any], ingress: str, delay_ms: int | None) -> Iterator[tuple]:
+def replay_records(rows: Iterable[Any], ingress: str, delay_ms: int | None) -> Iterator[tuple]:
     """Candidate rows to ingress records (topic, key, value, replay headers).
 
     The clock is read here, in the writing task, so ``--delay`` counts from the write and

@@ -35,7 +35,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, cast
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -50,7 +50,7 @@ from pyspark.sql.types import StructType
 from delayapp.pipelines.errors import PipelineError
 
 if TYPE_CHECKING:
-    from confluent_kafka import Consumer
+    from confluent_kafka import Consumer, Message
 
     from delayapp.settings import Settings
 
@@ -93,9 +93,11 @@ def lowercase_keys(options: Mapping[str, str]) -> dict[str, str]:
     return {str(name).lower(): value for name, value in options.items()}
 
 
-def client_config(options: Mapping[str, str]) -> dict[str, str]:
+def client_config(options: Mapping[str, str]) -> dict[str, str | int | float | bool]:
     """The librdkafka configuration in ``options``: every ``kafka.*`` option, prefix removed."""
-    config = {name[len(KAFKA_PREFIX):]: value for name, value in options.items() if name.lower().startswith(KAFKA_PREFIX)}
+    config: dict[str, str | int | float | bool] = {
+        name[len(KAFKA_PREFIX):]: value for name, value in options.items() if name.lower().startswith(KAFKA_PREFIX)
+    }
     if not config.get("bootstrap.servers"):
         raise PipelineError("option kafka.bootstrap.servers is required (see delayapp.pipelines.kafka_source.kafka_options)")
     return config
@@ -183,7 +185,7 @@ def list_partitions(consumer: "Consumer", topics: list[str], timeout_s: float) -
     """Every (topic, partition) of ``topics``, sorted; PipelineError for a missing topic."""
     from confluent_kafka import KafkaException
 
-    found = []
+    found: list[tuple[str, int]] = []
     for topic in topics:
         try:
             metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
@@ -212,15 +214,16 @@ def end_offsets(consumer: "Consumer", partitions: list[tuple[str, int]], timeout
         if time.monotonic() > deadline:
             raise PipelineError(f"no end-of-partition from the broker for {sorted(waiting)[:5]} within {timeout_s:.0f} s")
         for message in consumer.consume(500, timeout=0.5):
-            tp = (message.topic(), message.partition())
             error = message.error()
             if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                ends[tp] = max(ends[tp], message.offset())
-                waiting.discard(tp)
+                topic, partition, offset = _position(message)
+                ends[(topic, partition)] = max(ends[(topic, partition)], offset)
+                waiting.discard((topic, partition))
             elif error is not None:
-                raise PipelineError(f"probing the end of {tp[0]}/{tp[1]}: {error}")
+                raise PipelineError(f"probing the end of {message.topic()}/{message.partition()}: {error}")
             else:  # past the reported watermark: the broker under-reported it
-                ends[tp] = max(ends[tp], message.offset() + 1)
+                topic, partition, offset = _position(message)
+                ends[(topic, partition)] = max(ends[(topic, partition)], offset + 1)
     consumer.unassign()
     return ends
 
@@ -272,18 +275,26 @@ def read_range(options: Mapping[str, str], part: OffsetRange) -> Iterator[tuple]
                 if error is not None and error.code() == KafkaError._PARTITION_EOF:
                     # Offsets can have gaps (transaction markers, compaction): the end is reached
                     # when the broker says so at or beyond it.
-                    if message.offset() >= part.end:
+                    if _position(message)[2] >= part.end:
                         position = part.end
                     continue
                 if error is not None:
                     raise PipelineError(f"reading {part.topic}/{part.partition}: {error}")
-                if message.offset() >= part.end:
+                offset = _position(message)[2]
+                if offset >= part.end:
                     position = part.end
                     break
-                position, progress_at = message.offset() + 1, time.monotonic()
+                position, progress_at = offset + 1, time.monotonic()
                 yield _row(message)
     finally:
         consumer.close()
+
+
+def _position(message: Message) -> tuple[str, int, int]:
+    """The (topic, partition, offset) of a fetched record or end-of-partition event (librdkafka sets all three)."""
+    topic, partition, offset = message.topic(), message.partition(), message.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
 
 
 def _row(message: Any) -> tuple:
@@ -344,9 +355,9 @@ class KafkaBatchReader(DataSourceReader):
         end = resolve_offsets(parse_offsets_option(self.options.get("endingoffsets"), LATEST), parts, low=low, high=high)
         return ranges(start, end) or [OffsetRange(parts[0][0], parts[0][1], 0, 0)]
 
-    def read(self, partition: OffsetRange) -> Iterator[tuple]:  # type: ignore[override]
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
         """The records of one range."""
-        return read_range(self.options, partition)
+        return read_range(self.options, cast(OffsetRange, partition))  # one that partitions() made
 
 
 def ranges(start: Offsets, end: Offsets) -> list[OffsetRange]:
@@ -396,13 +407,13 @@ class KafkaStreamReader(DataSourceStreamReader):
         cap = self.options.get("maxoffsetspertrigger")
         return ReadMaxRows(int(cap)) if cap else ReadAllAvailable()
 
-    def partitions(self, start: Offsets, end: Offsets) -> list[OffsetRange]:  # type: ignore[override]
+    def partitions(self, start: Offsets, end: Offsets) -> list[OffsetRange]:
         """One range per partition with new records (a partition new since ``start`` from 0)."""
         return ranges(start, end)
 
-    def read(self, partition: OffsetRange) -> Iterator[tuple]:  # type: ignore[override]
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
         """The records of one range."""
-        return read_range(self.options, partition)
+        return read_range(self.options, cast(OffsetRange, partition))  # one that partitions() made
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: the checkpoint is the only record of progress (no consumer group)."""
@@ -458,6 +469,8 @@ def produce_rows(options: Mapping[str, str], rows: Iterator[Any]) -> int:
     for row in rows:
         fields = row.asDict() if hasattr(row, "asDict") else dict(row)
         topic = fields.get("topic") or default_topic
+        if topic is None:  # librdkafka would refuse it with a TypeError
+            raise PipelineError("a row without a topic: give a topic column or the topic option")
         headers = [(str(k), _bytes(v)) for k, v in (fields.get("headers") or ())]
         kwargs: dict[str, Any] = {"key": _bytes(fields.get("key")), "value": _bytes(fields.get("value")), "headers": headers, "on_delivery": delivered}
         if fields.get("partition") is not None:

@@ -162,13 +162,14 @@ class WorkerProcess:
 
     def kill(self, sig: int = signal.SIGKILL, timeout: float = 30) -> None:
         """Send ``sig`` and wait for the process to exit (SIGKILL after ``timeout``)."""
-        if self.alive:
-            self.process.send_signal(sig)  # type: ignore[union-attr]
+        process = self.process
+        if process is not None and self.alive:
+            process.send_signal(sig)
             try:
-                self.process.wait(timeout)  # type: ignore[union-attr]
+                process.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.process.kill()  # type: ignore[union-attr]
-                self.process.wait()  # type: ignore[union-attr]
+                process.kill()
+                process.wait()
 
     def stop(self) -> None:
         """Stop gracefully (SIGTERM)."""

@@ -65,11 +65,13 @@ class CuttableProxy:
 
     def cut(self) -> None:
         """Stop all traffic (connections stay open, bytes stop moving)."""
-        self._loop.call_soon_threadsafe(self._flowing.clear)  # type: ignore[union-attr]
+        assert self._flowing is not None  # set by start()
+        self._loop.call_soon_threadsafe(self._flowing.clear)
 
     def heal(self) -> None:
         """Let traffic flow again."""
-        self._loop.call_soon_threadsafe(self._flowing.set)  # type: ignore[union-attr]
+        assert self._flowing is not None  # set by start()
+        self._loop.call_soon_threadsafe(self._flowing.set)
 
     def stop(self) -> None:
         """Close the listener and stop the thread."""
