@@ -60,14 +60,20 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
         report.add("limit: confluent-kafka relay", f"{conf.median:,.0f} rec/s")
     hop_rate = None
     if "hops" in sections:
-        plain = await repeat("hop loop", "rec/s", runs, warm, lambda i: engine.hop_throughput(bootstrap, n, audit=False))
-        audited = await repeat("hop loop + audit", "rec/s", runs, warm, lambda i: engine.hop_throughput(bootstrap, n, audit=True))
+        plain = await repeat(
+            "hop loop", "rec/s", runs, warm, lambda i: engine.hop_throughput(bootstrap, n, audit=False)
+        )
+        audited = await repeat(
+            "hop loop + audit", "rec/s", runs, warm, lambda i: engine.hop_throughput(bootstrap, n, audit=True)
+        )
         hop_rate = audited.median
         report.data["hops"] = {"no_audit": plain.runs, "audit": audited.runs, "records": n}
         for label, measured in (("hop efficiency, audit off", plain), ("hop efficiency, audit on (default)", audited)):
             if best_relay:
                 ratio = measured.median / best_relay
-                report.add(label, f"{measured.median:,.0f} rec/s = {ratio:.2f} x limit", ">= 0.80 x limit", ratio >= 0.8)
+                report.add(
+                    label, f"{measured.median:,.0f} rec/s = {ratio:.2f} x limit", ">= 0.80 x limit", ratio >= 0.8
+                )
             else:
                 report.add(label, f"{measured.median:,.0f} rec/s")
         if profile:
@@ -91,12 +97,26 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
             old, _ = engine.hop_counts(PAPER_STYLE_LADDER, delays)
             exact, greedy = engine.hop_counts(DEFAULT_LADDER, delays)
             mixes[name] = {"mean_hops": exact, "greedy_mean_hops": greedy, "paper_style_mean_hops": old}
-            report.add(f"mean hops, {name} mix: paper-style ladder -> default", f"{old:.2f} -> {exact:.2f} ({1 - exact / old:.0%} fewer)")
+            report.add(
+                f"mean hops, {name} mix: paper-style ladder -> default",
+                f"{old:.2f} -> {exact:.2f} ({1 - exact / old:.0%} fewer)",
+            )
         realistic = mixes["realistic"]
-        report.data["mix"] = {"ladder": DEFAULT_LADDER, "paper_style_ladder": PAPER_STYLE_LADDER, **realistic, "mixes": mixes}
-        report.add("mean hops, realistic mix, default ladder (exact vs greedy)", f"{realistic['mean_hops']:.2f} vs {realistic['greedy_mean_hops']:.2f}")
+        report.data["mix"] = {
+            "ladder": DEFAULT_LADDER,
+            "paper_style_ladder": PAPER_STYLE_LADDER,
+            **realistic,
+            "mixes": mixes,
+        }
+        report.add(
+            "mean hops, realistic mix, default ladder (exact vs greedy)",
+            f"{realistic['mean_hops']:.2f} vs {realistic['greedy_mean_hops']:.2f}",
+        )
         if hop_rate:
-            report.add("logical throughput, realistic mix (hop rate / mean hops)", f"{hop_rate / realistic['mean_hops']:,.0f} rec/s")
+            report.add(
+                "logical throughput, realistic mix (hop rate / mean hops)",
+                f"{hop_rate / realistic['mean_hops']:,.0f} rec/s",
+            )
     if "lateness" in sections:
         ladder = "100ms,1s,5s"
         mix_hops, _ = engine.hop_counts(ladder, list(range(1_000, 3_001, 7)))
@@ -110,13 +130,18 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
         for rate in rates:
             result = await engine.lateness_at_rate(bootstrap, rate, seconds, ladder, external=external)
             report.data["lateness"].append(result)
-            target = "p99 <= 10 ms" if rate == 1_000.0 else ("p99 <= 50 ms" if hop_rate and abs(rate - 0.5 * report.data["max_logical_rate"]) < 2 else "")
+            target = (
+                "p99 <= 10 ms"
+                if rate == 1_000.0
+                else ("p99 <= 50 ms" if hop_rate and abs(rate - 0.5 * report.data["max_logical_rate"]) < 2 else "")
+            )
             limit = 10 if rate == 1_000.0 else 50
             report.add(
                 f"lateness at {rate:,.0f} rec/s (p50 / p99 / max, early)",
                 f"{result['p50']:.0f} / {result['p99']:.0f} / {result['max']:.0f} ms, early {result['early']} "
                 f"({result['delivered']}/{result['sent']} delivered; seen by a reader p99 {result['seen_p99']:.0f} ms)",
-                target, (result["p99"] <= limit and result["early"] == 0) if target else None,
+                target,
+                (result["p99"] <= limit and result["early"] == 0) if target else None,
             )
     if "backlog" in sections:
         levels = [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]
@@ -126,11 +151,18 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
             report.data["backlog"]["audit_on" if audit else "audit_off"] = rows
             label = "audit on: + record-states view in memory" if audit else "delay engine only, audit off"
             for r in rows:
-                report.add(f"worker RSS, {r['waiting']:,} waiting ({label})", f"{r['rss_mb']:.0f} MB (idle {r['idle_rss_mb']:.0f} MB)")
+                report.add(
+                    f"worker RSS, {r['waiting']:,} waiting ({label})",
+                    f"{r['rss_mb']:.0f} MB (idle {r['idle_rss_mb']:.0f} MB)",
+                )
             growth = rows[-1]["rss_mb"] - rows[0]["rss_mb"]
             per_record = growth * 1e6 / max(1, rows[-1]["waiting"] - rows[0]["waiting"])
-            report.add(f"backlog RSS growth {levels[0]:,} -> {levels[-1]:,} ({label})", f"{growth:.0f} MB ({per_record:.0f} B/record)",
-                       "flat (< 50 MB)" if not audit else "", growth < 50 if not audit else None)
+            report.add(
+                f"backlog RSS growth {levels[0]:,} -> {levels[-1]:,} ({label})",
+                f"{growth:.0f} MB ({per_record:.0f} B/record)",
+                "flat (< 50 MB)" if not audit else "",
+                growth < 50 if not audit else None,
+            )
     if "recovery" in sections:
         seconds = await engine.recovery_after_sigkill(bootstrap, external=external)
         report.data["recovery_s"] = seconds
@@ -140,28 +172,57 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
             report.data["redis"] = "redis-server not installed (bin/bench installs it)"
             report.add("Redis baseline", "not run: redis-server missing")
         else:
-            described = await redis_baseline.redis_run(bootstrap, poll_s=1.0, batch=10, count=100, rate=None, countdown_s=0, wait_s=30)
-            tuned = await redis_baseline.redis_run(bootstrap, poll_s=0.005, batch=1000, count=n, rate=None, countdown_s=0, wait_s=120, drain=True)
-            late_described = await redis_baseline.redis_run(bootstrap, poll_s=1.0, batch=10, count=5_000, rate=1_000, countdown_s=2, wait_s=20)
-            late_tuned = await redis_baseline.redis_run(bootstrap, poll_s=0.005, batch=1000, count=5_000 if quick else 15_000, rate=1_000, countdown_s=2, wait_s=30, drain=True)
+            described = await redis_baseline.redis_run(
+                bootstrap, poll_s=1.0, batch=10, count=100, rate=None, countdown_s=0, wait_s=30
+            )
+            tuned = await redis_baseline.redis_run(
+                bootstrap, poll_s=0.005, batch=1000, count=n, rate=None, countdown_s=0, wait_s=120, drain=True
+            )
+            late_described = await redis_baseline.redis_run(
+                bootstrap, poll_s=1.0, batch=10, count=5_000, rate=1_000, countdown_s=2, wait_s=20
+            )
+            late_tuned = await redis_baseline.redis_run(
+                bootstrap,
+                poll_s=0.005,
+                batch=1000,
+                count=5_000 if quick else 15_000,
+                rate=1_000,
+                countdown_s=2,
+                wait_s=30,
+                drain=True,
+            )
             per_record = await redis_baseline.redis_bytes_per_pending(bootstrap, 5_000 if quick else 50_000)
-            report.data["redis"] = {"described": described, "tuned": tuned, "lateness_described": late_described,
-                                    "lateness_tuned": late_tuned, "bytes_per_pending": per_record}
+            report.data["redis"] = {
+                "described": described,
+                "tuned": tuned,
+                "lateness_described": late_described,
+                "lateness_tuned": late_tuned,
+                "bytes_per_pending": per_record,
+            }
             report.add("Redis as described (1 s poll, batch 10): throughput", f"{described['throughput']:,.1f} rec/s")
             report.add("Redis tuned (5 ms poll, batch 1000): throughput", f"{tuned['throughput']:,.0f} rec/s")
             for label, r in (("described", late_described), ("tuned", late_tuned)):
-                report.add(f"Redis {label}: lateness at 1,000 rec/s (p50 / p99 / max)",
-                           f"{r['p50']:.0f} / {r['p99']:.0f} / {r['max']:.0f} ms ({r['delivered']}/{r['sent']} delivered in the window)")
-            report.add("Redis memory per pending 1 KB record", f"{per_record:,.0f} bytes (delayapp worker: ~0, records stay in Kafka)")
+                report.add(
+                    f"Redis {label}: lateness at 1,000 rec/s (p50 / p99 / max)",
+                    f"{r['p50']:.0f} / {r['p99']:.0f} / {r['max']:.0f} ms ({r['delivered']}/{r['sent']} delivered in the window)",
+                )
+            report.add(
+                "Redis memory per pending 1 KB record",
+                f"{per_record:,.0f} bytes (delayapp worker: ~0, records stay in Kafka)",
+            )
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--broker", default=os.environ.get("DELAYAPP_TEST_BROKER"), help="an existing broker (default: embedded Tansu)")
+    parser.add_argument(
+        "--broker", default=os.environ.get("DELAYAPP_TEST_BROKER"), help="an existing broker (default: embedded Tansu)"
+    )
     parser.add_argument("--quick", action="store_true", help="small counts, one run each (the smoke test)")
     parser.add_argument("--runs", type=int, default=3, help="measured runs per figure (median reported)")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    parser.add_argument(
+        "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}"
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile the hop loop and print where the time goes")
     parser.add_argument("--json", default="bench-result.json")
     args = parser.parse_args(argv)
@@ -174,8 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     broker = None if args.broker or offline else EmbeddedBroker().start()
     bootstrap = "" if offline else args.broker or (broker.bootstrap if broker else "")
     where = "no broker needed" if offline else "embedded Tansu" if broker else "given broker"
-    print(f"delayapp bench {'on ' + bootstrap + ' ' if bootstrap else ''}({where}), "
-          f"{machine()['cores']} cores ({machine()['cpu']}), {runs} run(s) per figure", flush=True)
+    print(
+        f"delayapp bench {'on ' + bootstrap + ' ' if bootstrap else ''}({where}), "
+        f"{machine()['cores']} cores ({machine()['cpu']}), {runs} run(s) per figure",
+        flush=True,
+    )
     try:
         report = asyncio.run(run(bootstrap, sections, args.quick, runs, args.profile, external=broker is None))
     finally:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaProducer
 
@@ -26,7 +26,9 @@ def machine() -> dict:
     return {"cores": os.cpu_count(), "cpu": model}
 
 
-async def preload(bootstrap: str, topic: str, count: int, headers_for: Callable[[int], list], value: bytes = VALUE_1KB) -> None:
+async def preload(
+    bootstrap: str, topic: str, count: int, headers_for: Callable[[int], list], value: bytes = VALUE_1KB
+) -> None:
     """Write ``count`` records (key ``k<i>``) as fast as possible."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
     await producer.start()
@@ -71,4 +73,3 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
-

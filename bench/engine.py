@@ -29,21 +29,42 @@ from delayapp.settings import load_settings
 async def hop_throughput(bootstrap: str, count: int, *, audit: bool, partitions: int = 4) -> float:
     """Records/s one denomination loop moves when every record is already due (in-process)."""
     prefix = unique("hop")
-    settings = load_settings(broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s,1m", partitions=partitions,
-                             session_timeout_ms=6000, heartbeat_interval_ms=1500, max_batch=1000,
-                             allowed_targets=f"{prefix}-*")
+    settings = load_settings(
+        broker=bootstrap,
+        topic_prefix=prefix,
+        app_id=prefix,
+        denominations="1s,1m",
+        partitions=partitions,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1500,
+        max_batch=1000,
+        allowed_targets=f"{prefix}-*",
+    )
     layout = settings.topic_layout()
     await bootstrap_topics(settings, layout)
     sink = f"{prefix}-sink"
     await create_topics(bootstrap, sink, partitions=partitions)
     past = str(now_ms() - 1000).encode()
-    base = [*HEADERS, (h.REACTIVATE_TO_TOPIC, sink.encode()), (h.REACTIVATE_AT, past), (h.AWAKE_AT, past),
-            (h.ORIGINATED_AT, past), (h.TIME_RETRIED, b"0")]
+    base = [
+        *HEADERS,
+        (h.REACTIVATE_TO_TOPIC, sink.encode()),
+        (h.REACTIVATE_AT, past),
+        (h.AWAKE_AT, past),
+        (h.ORIGINATED_AT, past),
+        (h.TIME_RETRIED, b"0"),
+    ]
     topic = layout.delay_topic(1000)
     await preload(bootstrap, topic, count, lambda i: [*base, (h.RECORD_ID, f"id-{i}".encode())])
     handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
-    loop = HopLoop(name="delay-1s", topic=topic, group_id=f"{prefix}.delay.1s", handler=handler, settings=settings,
-                   audit_topic=layout.audit if audit else None, states_topic=layout.record_states if audit else None)
+    loop = HopLoop(
+        name="delay-1s",
+        topic=topic,
+        group_id=f"{prefix}.delay.1s",
+        handler=handler,
+        settings=settings,
+        audit_topic=layout.audit if audit else None,
+        states_topic=layout.record_states if audit else None,
+    )
     await loop.start()
     try:
         while loop.stats.consumed == 0:
@@ -66,14 +87,22 @@ def hop_counts(ladder: str, delays: list[int]) -> tuple[float, float]:
 def worker_env(bootstrap: str, prefix: str, ladder: str, *, external: bool, partitions: int = 4) -> dict[str, str]:
     """A worker of ``ladder`` on ``bootstrap``; ``external`` for a real broker (no embedded-broker settings)."""
     return {
-        "DELAYAPP_BROKER": bootstrap, "DELAYAPP_TOPIC_PREFIX": prefix, "DELAYAPP_APP_ID": prefix,
-        "DELAYAPP_DENOMINATIONS": ladder, "DELAYAPP_PARTITIONS": str(partitions),
-        "DELAYAPP_SESSION_TIMEOUT_MS": "6000", "DELAYAPP_HEARTBEAT_INTERVAL_MS": "1500",
-        "DELAYAPP_ALLOWED_TARGETS": f"{prefix}-*", "DELAYAPP_MAX_DELAY": "1d", **embedded_broker_env(bootstrap if external else None),
+        "DELAYAPP_BROKER": bootstrap,
+        "DELAYAPP_TOPIC_PREFIX": prefix,
+        "DELAYAPP_APP_ID": prefix,
+        "DELAYAPP_DENOMINATIONS": ladder,
+        "DELAYAPP_PARTITIONS": str(partitions),
+        "DELAYAPP_SESSION_TIMEOUT_MS": "6000",
+        "DELAYAPP_HEARTBEAT_INTERVAL_MS": "1500",
+        "DELAYAPP_ALLOWED_TARGETS": f"{prefix}-*",
+        "DELAYAPP_MAX_DELAY": "1d",
+        **embedded_broker_env(bootstrap if external else None),
     }
 
 
-async def lateness_at_rate(bootstrap: str, rate: float, seconds: float, ladder: str = "100ms,1s,5s", *, external: bool = False) -> dict:
+async def lateness_at_rate(
+    bootstrap: str, rate: float, seconds: float, ladder: str = "100ms,1s,5s", *, external: bool = False
+) -> dict:
     """Lateness (write time minus due) of records scheduled at ``rate``/s with 1-3 s delays,
     through a real ``faust -A delayapp worker`` process."""
     prefix = unique("lat")
@@ -96,8 +125,12 @@ async def lateness_at_rate(bootstrap: str, rate: float, seconds: float, ladder: 
                     due = now_ms() + rng.randint(1_000, 3_000)
                     key = f"r{sent}".encode()
                     due_of[key] = due
-                    await producer.send(f"{prefix}.ingress", VALUE_1KB, key=key,
-                                        headers=[(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(due).encode())])
+                    await producer.send(
+                        f"{prefix}.ingress",
+                        VALUE_1KB,
+                        key=key,
+                        headers=[(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(due).encode())],
+                    )
                     sent += 1
                 await asyncio.sleep(0.001)
             await producer.flush()
@@ -111,9 +144,15 @@ async def lateness_at_rate(bootstrap: str, rate: float, seconds: float, ladder: 
         lateness = [r.timestamp - due_of[r.key] for r in records]
         seen = [collector.arrival(r) - due_of[r.key] for r in records]
         return {
-            "rate": rate, "sent": sent, "delivered": len(records), "early": sum(x < 0 for x in lateness),
-            "p50": percentile(lateness, 0.5), "p99": percentile(lateness, 0.99), "max": max(lateness, default=float("nan")),
-            "seen_p50": percentile(seen, 0.5), "seen_p99": percentile(seen, 0.99),
+            "rate": rate,
+            "sent": sent,
+            "delivered": len(records),
+            "early": sum(x < 0 for x in lateness),
+            "p50": percentile(lateness, 0.5),
+            "p99": percentile(lateness, 0.99),
+            "max": max(lateness, default=float("nan")),
+            "seen_p50": percentile(seen, 0.5),
+            "seen_p99": percentile(seen, 0.99),
         }
     finally:
         worker.stop()
@@ -187,8 +226,12 @@ async def recovery_after_sigkill(bootstrap: str, *, external: bool = False) -> f
         async def feed() -> None:
             n = 0
             while not stop.is_set():
-                await producer.send(f"{prefix}.ingress", b"x", key=f"k{n}".encode(),
-                                    headers=[(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"300")])
+                await producer.send(
+                    f"{prefix}.ingress",
+                    b"x",
+                    key=f"k{n}".encode(),
+                    headers=[(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"300")],
+                )
                 n += 1
                 await asyncio.sleep(0.01)
 

@@ -40,9 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         serial_evaluator,
     )
 
-    parser = argparse.ArgumentParser(prog="python -m bench.ladders", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ladders", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--denominations", default="9", help="comma-separated k values (default 9; e.g. 8,9,10,11,12)")
-    parser.add_argument("--max-evaluations", type=int, default=15_000, help="ladders scored per search (the job's default is 3000)")
+    parser.add_argument(
+        "--max-evaluations", type=int, default=15_000, help="ladders scored per search (the job's default is 3000)"
+    )
     args = parser.parse_args(argv)
     paper = Ladder.parse(PAPER_STYLE_LADDER)
     mixes = {name: histogram(make(REFERENCE_SIZE)) for name, make in MIXES.items()}
@@ -55,9 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         space = search_space(blended, paper, MAX_DELAY, k)
         best = propose(paper, space, serial_evaluator(blended, space.bound), args.max_evaluations)
         if best.expected_hops >= PENALTY:
-            print(f"best of k={k:<2}        the search found no ladder keeping every delay up to 7d within {space.bound.hops} hops")
+            print(
+                f"best of k={k:<2}        the search found no ladder keeping every delay up to 7d within {space.bound.hops} hops"
+            )
             continue
-        print(row(f"best of k={k}", best.ladder, mixes) + f"  ({best.evaluated} scored, {time.monotonic() - started:.0f} s)", flush=True)
+        print(
+            row(f"best of k={k}", best.ladder, mixes)
+            + f"  ({best.evaluated} scored, {time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
     return 0
 
 

@@ -34,12 +34,15 @@ class RedisServer:
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found: apt-get install -y redis-server (bin/bench does it)")
-        self.process = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_for_port("127.0.0.1", self.port)
         return self
 
@@ -52,16 +55,24 @@ class RedisServer:
 class RedisScheduler:
     """The black box: Kafka ingress -> Redis sorted set -> Kafka target."""
 
-    def __init__(self, bootstrap: str, redis_port: int, ingress: str, poll_s: float, batch: int, drain: bool = False) -> None:
+    def __init__(
+        self, bootstrap: str, redis_port: int, ingress: str, poll_s: float, batch: int, drain: bool = False
+    ) -> None:
         self.bootstrap, self.ingress, self.poll_s, self.batch, self.drain = bootstrap, ingress, poll_s, batch, drain
         self.redis = aioredis.Redis(port=redis_port)
         self.delivered = 0
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
-        self.consumer = AIOKafkaConsumer(self.ingress, bootstrap_servers=self.bootstrap, group_id=unique("redis-g-"),
-                                         auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=1500,
-                                         fetch_max_wait_ms=100)  # as delayapp's loops
+        self.consumer = AIOKafkaConsumer(
+            self.ingress,
+            bootstrap_servers=self.bootstrap,
+            group_id=unique("redis-g-"),
+            auto_offset_reset="earliest",
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1500,
+            fetch_max_wait_ms=100,
+        )  # as delayapp's loops
         self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=2)
         await self.consumer.start()
         await self.producer.start()
@@ -110,7 +121,9 @@ class RedisScheduler:
             await asyncio.sleep(self.poll_s)
 
 
-async def _envelopes(bootstrap: str, ingress: str, target: str, count: int, countdown_s: float, rate: float | None = None) -> dict[str, int]:
+async def _envelopes(
+    bootstrap: str, ingress: str, target: str, count: int, countdown_s: float, rate: float | None = None
+) -> dict[str, int]:
     """Send envelopes; returns message -> due (ms)."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await producer.start()
@@ -123,22 +136,37 @@ async def _envelopes(bootstrap: str, ingress: str, target: str, count: int, coun
                     await asyncio.sleep(0.001)
             message = f"m{i}-{'x' * 980}"
             due_of[message] = now_ms() + int(countdown_s * 1000)
-            await producer.send(ingress, orjson.dumps({"topic": target, "message": message, "countdown": countdown_s}),
-                                headers=[("CALLER_SERVICE", b"bench")])
+            await producer.send(
+                ingress,
+                orjson.dumps({"topic": target, "message": message, "countdown": countdown_s}),
+                headers=[("CALLER_SERVICE", b"bench")],
+            )
         await producer.flush()
     finally:
         await producer.stop()
     return due_of
 
 
-async def redis_run(bootstrap: str, *, poll_s: float, batch: int, count: int, rate: float | None, countdown_s: float, wait_s: float, drain: bool = False) -> dict:
+async def redis_run(
+    bootstrap: str,
+    *,
+    poll_s: float,
+    batch: int,
+    count: int,
+    rate: float | None,
+    countdown_s: float,
+    wait_s: float,
+    drain: bool = False,
+) -> dict:
     """Throughput (already-due load) or lateness (paced load) of one configuration."""
     ingress, target = unique("redis-in-"), unique("redis-out-")
     await create_topics(bootstrap, ingress, target, partitions=4)
     with RedisServer() as server:
         scheduler = RedisScheduler(bootstrap, server.port, ingress, poll_s, batch, drain)
         await scheduler.start()
-        consumer = AIOKafkaConsumer(target, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", fetch_max_wait_ms=5)
+        consumer = AIOKafkaConsumer(
+            target, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", fetch_max_wait_ms=5
+        )
         await consumer.start()
         try:
             started = time.perf_counter()
@@ -154,9 +182,14 @@ async def redis_run(bootstrap: str, *, poll_s: float, batch: int, count: int, ra
                         lateness.append(r.timestamp - due_of[r.value.decode()])
             elapsed = time.perf_counter() - started
             return {
-                "poll_s": poll_s, "batch": batch, "sent": count, "delivered": len(lateness),
+                "poll_s": poll_s,
+                "batch": batch,
+                "sent": count,
+                "delivered": len(lateness),
                 "throughput": len(lateness) / elapsed if rate is None else None,
-                "p50": percentile(lateness, 0.5), "p99": percentile(lateness, 0.99), "max": max(lateness, default=float("nan")),
+                "p50": percentile(lateness, 0.5),
+                "p99": percentile(lateness, 0.99),
+                "max": max(lateness, default=float("nan")),
             }
         finally:
             await consumer.stop()

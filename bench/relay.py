@@ -21,8 +21,16 @@ async def aiokafka_relay(bootstrap: str, count: int, partitions: int = 4) -> flo
     src, dst = unique("relay-src-"), unique("relay-dst-")
     await create_topics(bootstrap, src, dst, partitions=partitions)
     await preload(bootstrap, src, count, lambda i: HEADERS)
-    consumer = AIOKafkaConsumer(src, bootstrap_servers=bootstrap, group_id=unique("relay-g-"), enable_auto_commit=False,
-                                auto_offset_reset="earliest", max_poll_records=1000, session_timeout_ms=6000, heartbeat_interval_ms=1500)
+    consumer = AIOKafkaConsumer(
+        src,
+        bootstrap_servers=bootstrap,
+        group_id=unique("relay-g-"),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=1000,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1500,
+    )
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=1 << 20)
     await producer.start()
     await consumer.start()
@@ -49,10 +57,16 @@ async def aiokafka_relay(bootstrap: str, count: int, partitions: int = 4) -> flo
 def _confluent_relay_blocking(bootstrap: str, src: str, dst: str, count: int) -> float:
     from confluent_kafka import Consumer, Producer
 
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": unique("relay-cg-"), "enable.auto.commit": False,
-        "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "heartbeat.interval.ms": 1500,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("relay-cg-"),
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1500,
+        }
+    )
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all", "enable.idempotence": False})
     consumer.subscribe([src])
     done, started = 0, None

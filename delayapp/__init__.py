@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 
 # Before any Kafka client exists in this process: no metadata request of delayapp's (or the
 # Faust app's) may create a topic, so a mistyped target is dead-lettered, never created.
-from delayapp.engine.metadata import forbid_topic_auto_creation  # noqa: E402
+from delayapp.engine.metadata import forbid_topic_auto_creation
 
 forbid_topic_auto_creation()
 

@@ -8,9 +8,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 import faust
 
@@ -81,14 +82,18 @@ async def schedule(
     return await _send(producer, ingress_topic, key, value, headers)
 
 
-async def _send(producer: Any, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> Any:
+async def _send(
+    producer: Any, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+) -> Any:
     faust_producer = getattr(producer, "producer", None)
     if faust_producer is not None and hasattr(producer, "agents"):  # a faust.App
         return await faust_producer.send_and_wait(topic, key, value, None, None, headers)
     return await producer.send_and_wait(topic, value, key=key, headers=headers)
 
 
-async def cancel(producer: Any, record_id: str, *, cancel_topic: str = "delayapp.cancel", reason: str = "", by: str = "") -> int:
+async def cancel(
+    producer: Any, record_id: str, *, cancel_topic: str = "delayapp.cancel", reason: str = "", by: str = ""
+) -> int:
     """Cancel every pending incarnation of ``record_id`` that entered before the cancel;
     returns the cancel time (epoch ms): the broker's append time where the cancel topic
     uses it (see :mod:`delayapp.core.cancel`), else this host's clock. A record already
@@ -141,12 +146,17 @@ async def retry_later(
         originated_at=state.originated_at if state.originated_at is not None else now,
         reactivate_to_topic=target or message.topic,
         reactivate_at=now + backoff_ms(backoff, retry),
-        delay_ms=None, awake_at=None, delayed_at=None, delay_hops=None,
+        delay_ms=None,
+        awake_at=None,
+        delayed_at=None,
+        delay_hops=None,
     )
     if retry > settings.max_retries:
         dead = h.dead_letter_headers(
-            h.encode(state, passthrough), reason=Reason.RETRIES_EXHAUSTED.value,
-            detail=f"retry {retry} exceeds the limit of {settings.max_retries}", now_ms=now,
+            h.encode(state, passthrough),
+            reason=Reason.RETRIES_EXHAUSTED.value,
+            detail=f"retry {retry} exceeds the limit of {settings.max_retries}",
+            now_ms=now,
             source=f"{message.topic}/{message.partition}/{message.offset}",
         )
         await _send(app, layout.dead_letter, message.key, message.value, dead)

@@ -23,8 +23,15 @@ from delayapp.core.throttle import TargetRate, parse_rates
 from delayapp.errors import ConfigError
 
 DURATION_FIELDS = (
-    "retention_margin", "dead_letter_retention", "max_delay", "max_overdue", "liveness_threshold", "stats_window", "record_state_ttl",
-    "emit_timeout", "commit_interval",
+    "retention_margin",
+    "dead_letter_retention",
+    "max_delay",
+    "max_overdue",
+    "liveness_threshold",
+    "stats_window",
+    "record_state_ttl",
+    "emit_timeout",
+    "commit_interval",
 )
 
 
@@ -62,12 +69,18 @@ class Settings(BaseSettings):
     ssl_keyfile: str | None = Field(None, description="client private key for mutual TLS")
     session_timeout_ms: int = Field(10_000, description="consumer group session timeout (Tansu joins take half of it)")
     heartbeat_interval_ms: int = Field(2_500, description="consumer group heartbeat interval")
-    fetch_max_wait_ms: int = Field(100, description="longest a fetch waits for data; bounds hop latency on brokers without long-poll wake-up")
-    replication_factor: int = Field(1, description="replication factor of the topics delayapp creates (3 in production)")
+    fetch_max_wait_ms: int = Field(
+        100, description="longest a fetch waits for data; bounds hop latency on brokers without long-poll wake-up"
+    )
+    replication_factor: int = Field(
+        1, description="replication factor of the topics delayapp creates (3 in production)"
+    )
 
     # -- topology -----------------------------------------------------------------------------
     app_id: str = Field("delayapp", description="Faust app id: consumer groups, table changelogs")
-    topic_prefix: str = Field("delayapp", description="prefix of delayapp's own topics: <prefix>.ingress, <prefix>.delay.1s, ...")
+    topic_prefix: str = Field(
+        "delayapp", description="prefix of delayapp's own topics: <prefix>.ingress, <prefix>.delay.1s, ..."
+    )
     denominations: str = Field(
         DEFAULT_LADDER,
         description="the denomination ladder, ascending (one delay topic each); set it explicitly in a running deployment: "
@@ -79,81 +92,125 @@ class Settings(BaseSettings):
         86_400_000, description="retention every topic needs beyond the longest a record dwells in it (duration)"
     )
     dead_letter_retention: int = Field(14 * 86_400_000, description="retention of the dead-letter topic (duration)")
-    audit_enabled: bool = Field(True, description="publish the delivery audit stream and the record-states topic the read model folds (ids and times, no payload)")
+    audit_enabled: bool = Field(
+        True,
+        description="publish the delivery audit stream and the record-states topic the read model folds (ids and times, no payload)",
+    )
     audit_hops: bool = Field(
-        False, description="publish a step at every hop too, not only when a record enters and leaves (the record view then shows the delay topic it is in now; two more writes per hop)"
+        False,
+        description="publish a step at every hop too, not only when a record enters and leaves (the record view then shows the delay topic it is in now; two more writes per hop)",
     )
 
     # -- governance ---------------------------------------------------------------------------
     max_delay: int = Field(7 * 86_400_000, description="longest delay accepted (duration); longer is dead-lettered")
     max_retries: int = Field(10, ge=0, description="highest timeRetried accepted; above is dead-lettered")
     allowed_targets: str | None = Field(
-        None, description="comma-separated topic patterns records may be delivered to; a worker refuses to start without it ('*': any topic)"
+        None,
+        description="comma-separated topic patterns records may be delivered to; a worker refuses to start without it ('*': any topic)",
     )
     check_target_exists: bool = Field(True, description="dead-letter records whose target topic does not exist")
     max_overdue: int = Field(
-        7 * 86_400_000, description="records entering already overdue by more than this are dead-lettered (seconds given for ms?)"
+        7 * 86_400_000,
+        description="records entering already overdue by more than this are dead-lettered (seconds given for ms?)",
     )
-    max_message_bytes: int = Field(1_048_576, description="largest record (key + value + headers) accepted; as the brokers' message.max.bytes")
+    max_message_bytes: int = Field(
+        1_048_576, description="largest record (key + value + headers) accepted; as the brokers' message.max.bytes"
+    )
 
     # -- compat ingress -----------------------------------------------------------------------
     compat_envelope: bool = Field(
-        False, description="read Redis-scheduler JSON envelopes {topic, message, countdown} from <prefix>.compat.envelope"
+        False,
+        description="read Redis-scheduler JSON envelopes {topic, message, countdown} from <prefix>.compat.envelope",
     )
     cesium_source: str | None = Field(
-        None, description="cesium-kafka-delay relay: your topic whose records carry cesium-delay-by / cesium-delay-until"
+        None,
+        description="cesium-kafka-delay relay: your topic whose records carry cesium-delay-by / cesium-delay-until",
     )
     cesium_destination: str | None = Field(
         None, description="cesium-kafka-delay relay: where the source's records go at their time (an allowed target)"
     )
 
     # -- processing ---------------------------------------------------------------------------
-    processing_guarantee: Guarantee = Field(Guarantee.AT_LEAST_ONCE, description="at_least_once or exactly_once (Kafka transactions)")
+    processing_guarantee: Guarantee = Field(
+        Guarantee.AT_LEAST_ONCE, description="at_least_once or exactly_once (Kafka transactions)"
+    )
     instance_id: str = Field("", description="stable id of this worker for transactional ids (default: host-webport)")
     max_batch: int = Field(500, ge=1, description="most records one loop takes per poll")
-    producer_batch_bytes: int = Field(1_048_576, description="producer batch size per partition; large batches mean few acks=all round trips")
-    producer_linger_ms: int = Field(0, description="producer linger; 0 keeps hops prompt, batches still form while a request is in flight")
-    release_ahead: bool = Field(True, description="release due records queued behind a head that is not due (released offsets kept in commit metadata)")
-    liveness_threshold: int = Field(30_000, description="a partition holding due records without progress this long is reported and recovered (duration)")
+    producer_batch_bytes: int = Field(
+        1_048_576, description="producer batch size per partition; large batches mean few acks=all round trips"
+    )
+    producer_linger_ms: int = Field(
+        0, description="producer linger; 0 keeps hops prompt, batches still form while a request is in flight"
+    )
+    release_ahead: bool = Field(
+        True,
+        description="release due records queued behind a head that is not due (released offsets kept in commit metadata)",
+    )
+    liveness_threshold: int = Field(
+        30_000,
+        description="a partition holding due records without progress this long is reported and recovered (duration)",
+    )
     max_queued_bytes: int = Field(
-        64 * 1_048_576, ge=1_048_576, description="bytes of fetched, unprocessed records one loop holds at most (its partitions pause beyond)"
+        64 * 1_048_576,
+        ge=1_048_576,
+        description="bytes of fetched, unprocessed records one loop holds at most (its partitions pause beyond)",
     )
     librdkafka_config: str = Field(
-        "", description="extra librdkafka properties for the record loops' clients, comma-separated key=value "
+        "",
+        description="extra librdkafka properties for the record loops' clients, comma-separated key=value "
         "(applied last; e.g. socket.keepalive.enable=true,client.rack=eu-1a)",
     )
     librdkafka_debug: str | None = Field(
-        None, description="librdkafka debug contexts for the record loops' clients, e.g. cgrp,fetch (logged at debug level by delayapp.librdkafka)",
+        None,
+        description="librdkafka debug contexts for the record loops' clients, e.g. cgrp,fetch (logged at debug level by delayapp.librdkafka)",
     )
-    emit_timeout: int = Field(60_000, description="longest a batch's writes and commit may take before the loop reopens (duration)")
+    emit_timeout: int = Field(
+        60_000, description="longest a batch's writes and commit may take before the loop reopens (duration)"
+    )
     commit_interval: int = Field(
-        100, ge=1, description="exactly_once: longest a loop's transaction stays open while records keep arriving (an idle loop commits at once); "
+        100,
+        ge=1,
+        description="exactly_once: longest a loop's transaction stays open while records keep arriving (an idle loop commits at once); "
         "deliveries become visible to read_committed readers at its end (duration)",
     )
 
     # -- Faust --------------------------------------------------------------------------------
-    store: str = Field("memory://", description="store of the Faust tables your own agents add (memory:// or rocksdb://); delayapp keeps none")
+    store: str = Field(
+        "memory://",
+        description="store of the Faust tables your own agents add (memory:// or rocksdb://); delayapp keeps none",
+    )
     web_host: str = Field("127.0.0.1", description="host of the Faust web server")
     web_port: int = Field(6066, description="port of the Faust web server")
     web_canonical_url: str | None = Field(
-        None, description="URL other workers reach this one at (Faust's table-routed views); default http://<web_host>:<web_port>"
+        None,
+        description="URL other workers reach this one at (Faust's table-routed views); default http://<web_host>:<web_port>",
     )
     recovery_consistency_check: bool = Field(
-        True, description="Faust's table-recovery offset check; false on the embedded broker, whose wrong end offsets trip it"
+        True,
+        description="Faust's table-recovery offset check; false on the embedded broker, whose wrong end offsets trip it",
     )
 
     # -- lanes, limits and the HTTP API -----------------------------------------------------
-    priority_lane: bool = Field(True, description="records with delayPriority: high travel on <prefix>.delay.<d>.priority topics, served first")
+    priority_lane: bool = Field(
+        True, description="records with delayPriority: high travel on <prefix>.delay.<d>.priority topics, served first"
+    )
     target_rates: str = Field(
-        "", description="per-target delivery rate limits, e.g. 'orders=100/s,mail.*=600/min' (per worker); records over the rate wait in the ladder"
+        "",
+        description="per-target delivery rate limits, e.g. 'orders=100/s,mail.*=600/min' (per worker); records over the rate wait in the ladder",
     )
-    target_burst: int = Field(1, ge=1, description="deliveries a rate-limited target may receive at once before the rate applies")
+    target_burst: int = Field(
+        1, ge=1, description="deliveries a rate-limited target may receive at once before the rate applies"
+    )
     api_token: SecretStr | None = Field(
-        None, description="bearer token for POST /delay/schedule and /delay/records/{id}/cancel; unset = those views are off"
+        None,
+        description="bearer token for POST /delay/schedule and /delay/records/{id}/cancel; unset = those views are off",
     )
-    stats_window: int = Field(60_000, description="window of the throughput and lateness figures in /delay/stats (duration)")
+    stats_window: int = Field(
+        60_000, description="window of the throughput and lateness figures in /delay/stats (duration)"
+    )
     record_state_ttl: int = Field(
-        86_400_000, description="delivered, dead-lettered and cancelled record states leave the record-states view (and, with the longest delay, its topic) after this (duration)"
+        86_400_000,
+        description="delivered, dead-lettered and cancelled record states leave the record-states view (and, with the longest delay, its topic) after this (duration)",
     )
 
     @field_validator(*DURATION_FIELDS, mode="before")
@@ -167,7 +224,7 @@ class Settings(BaseSettings):
         return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="after")
-    def _cesium_pair(self) -> "Settings":
+    def _cesium_pair(self) -> Settings:
         source, destination = self.cesium_source, self.cesium_destination
         if (source is None) != (destination is None):
             raise ValueError("set both DELAYAPP_CESIUM_SOURCE and DELAYAPP_CESIUM_DESTINATION, or neither")
@@ -175,7 +232,9 @@ class Settings(BaseSettings):
             if name is not None and not is_topic_name(name):
                 raise ValueError(f"cesium relay topic {name!r} is not a valid Kafka topic name")
         if source is not None and source == destination:
-            raise ValueError(f"the cesium relay cannot read and write the same topic {source!r} (it would relay for ever)")
+            raise ValueError(
+                f"the cesium relay cannot read and write the same topic {source!r} (it would relay for ever)"
+            )
         return self
 
     @field_validator("broker", mode="before")
@@ -248,8 +307,11 @@ class Settings(BaseSettings):
             config["sasl.username"] = self.sasl_username
             config["sasl.password"] = self.sasl_password.get_secret_value() if self.sasl_password else None
         if "SSL" in self.security_protocol:
-            for key, value in (("ssl.ca.location", self.ssl_cafile), ("ssl.certificate.location", self.ssl_certfile),
-                               ("ssl.key.location", self.ssl_keyfile)):
+            for key, value in (
+                ("ssl.ca.location", self.ssl_cafile),
+                ("ssl.certificate.location", self.ssl_certfile),
+                ("ssl.key.location", self.ssl_keyfile),
+            ):
                 if value:
                     config[key] = value
         return config
@@ -260,7 +322,9 @@ class Settings(BaseSettings):
         for item in filter(None, (part.strip() for part in self.librdkafka_config.split(","))):
             key, sep, value = item.partition("=")
             if not sep or not key.strip():
-                raise ConfigError(f"DELAYAPP_LIBRDKAFKA_CONFIG: {item!r} is not key=value (librdkafka property names, comma-separated)")
+                raise ConfigError(
+                    f"DELAYAPP_LIBRDKAFKA_CONFIG: {item!r} is not key=value (librdkafka property names, comma-separated)"
+                )
             overrides[key.strip()] = value.strip()
         return overrides
 
@@ -285,7 +349,14 @@ class Settings(BaseSettings):
             default = field.default.value if isinstance(field.default, enum.Enum) else field.default
             if name in DURATION_FIELDS:
                 default = format_duration(default)
-            rows.append((env, str(value.value if isinstance(value, enum.Enum) else value), str(default), field.description or ""))
+            rows.append(
+                (
+                    env,
+                    str(value.value if isinstance(value, enum.Enum) else value),
+                    str(default),
+                    field.description or "",
+                )
+            )
         return rows
 
 

@@ -46,20 +46,22 @@ class Envelope:
 
 
 def _malformed(detail: str) -> DeadLetter:
-    return DeadLetter(Reason.MALFORMED_ENVELOPE, f"{detail}; expected {{\"topic\": ..., \"message\": ..., \"countdown\": seconds}}")
+    return DeadLetter(
+        Reason.MALFORMED_ENVELOPE, f'{detail}; expected {{"topic": ..., "message": ..., "countdown": seconds}}'
+    )
 
 
 def _target(topic: Any) -> str | DeadLetter:
     if not isinstance(topic, str):
-        return _malformed(f"\"topic\" must be a string, got {type(topic).__name__}")
+        return _malformed(f'"topic" must be a string, got {type(topic).__name__}')
     if not h.is_topic_name(topic):
-        return _malformed(f"\"topic\" is not a valid Kafka topic name: {topic[:80]!r}")
+        return _malformed(f'"topic" is not a valid Kafka topic name: {topic[:80]!r}')
     return topic
 
 
 def _value(message: Any) -> bytes | DeadLetter:
     if message is None:
-        return _malformed("\"message\" is null: a null value would be a tombstone at the target")
+        return _malformed('"message" is null: a null value would be a tombstone at the target')
     if isinstance(message, str):
         return message.encode("utf-8")
     return orjson.dumps(message)
@@ -68,11 +70,11 @@ def _value(message: Any) -> bytes | DeadLetter:
 def countdown_ms(countdown: Any) -> int | DeadLetter:
     """Seconds (int or float >= 0) as whole milliseconds, rounded up; else the dead-letter verdict."""
     if isinstance(countdown, bool) or not isinstance(countdown, (int, float)):
-        return _malformed(f"\"countdown\" must be a number of seconds, got {type(countdown).__name__}")
+        return _malformed(f'"countdown" must be a number of seconds, got {type(countdown).__name__}')
     if not math.isfinite(countdown) or countdown < 0:
-        return _malformed(f"\"countdown\" must be zero or more seconds, got {countdown!r}")
+        return _malformed(f'"countdown" must be zero or more seconds, got {countdown!r}')
     if countdown > MAX_COUNTDOWN_MS / 1000:
-        return _malformed(f"\"countdown\" {countdown!r} s is out of range (beyond year 9999)")
+        return _malformed(f'"countdown" {countdown!r} s is out of range (beyond year 9999)')
     if isinstance(countdown, int):
         return countdown * 1000
     # round() first: 1.1 * 1000 is 1100.0000000000002 in binary floats, which is not 1101 ms
@@ -107,4 +109,6 @@ def translate_envelope(value: bytes | None, headers: h.Headers | None) -> Transl
     envelope = parse_envelope(value)
     if isinstance(envelope, DeadLetter):
         return envelope
-    return with_routing(envelope.value, headers, target=envelope.target, due=(h.DELAY_MS, envelope.delay_ms), origin="the envelope")
+    return with_routing(
+        envelope.value, headers, target=envelope.target, due=(h.DELAY_MS, envelope.delay_ms), origin="the envelope"
+    )

@@ -15,6 +15,7 @@ from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
 
+
 def _check_cesium(settings: Settings, handler: RecordHandler) -> tuple[str, str]:
     """The relay's source and destination; refuses a destination the policy would refuse for
     every record, and a source that is one of delayapp's own topics."""
@@ -34,16 +35,30 @@ def compat_loops(layout: TopicLayout, *, handler: RecordHandler, settings: Setti
     s = settings
     loops: list[HopLoop] = []
     if s.compat_envelope:
-        loops.append(HopLoop(
-            name="compat-envelope", topic=layout.compat_envelope, group_id=f"{s.app_id}.compat-envelope",
-            handler=envelope_handler(handler), settings=s, ingress=True, **common,
-        ))
+        loops.append(
+            HopLoop(
+                name="compat-envelope",
+                topic=layout.compat_envelope,
+                group_id=f"{s.app_id}.compat-envelope",
+                handler=envelope_handler(handler),
+                settings=s,
+                ingress=True,
+                **common,
+            )
+        )
         log.info("compat ingress: Redis-scheduler envelopes on %s", layout.compat_envelope)
     if s.cesium_source is not None:
         source, destination = _check_cesium(s, handler)
-        loops.append(HopLoop(
-            name="cesium", topic=source, group_id=f"{s.app_id}.cesium",
-            handler=cesium_handler(handler, destination), settings=s, ingress=True, **common,
-        ))
+        loops.append(
+            HopLoop(
+                name="cesium",
+                topic=source,
+                group_id=f"{s.app_id}.cesium",
+                handler=cesium_handler(handler, destination),
+                settings=s,
+                ingress=True,
+                **common,
+            )
+        )
         log.info("compat ingress: cesium relay from %s to %s", source, destination)
     return loops

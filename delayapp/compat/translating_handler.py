@@ -8,8 +8,8 @@ carries the source record's own key, value and headers.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable
 
 from delayapp.compat.cesium import translate_cesium
 from delayapp.compat.envelope import translate_envelope
@@ -52,7 +52,13 @@ class TranslatingHandler(Handler):
         if isinstance(result, DeadLetter):
             return result
         return TranslatedRecord(
-            record.topic, record.partition, record.offset, record.timestamp, record.key, result.value, result.headers,
+            record.topic,
+            record.partition,
+            record.offset,
+            record.timestamp,
+            record.key,
+            result.value,
+            result.headers,
             getattr(record, "timestamp_type", 0),
         )
 
@@ -62,7 +68,12 @@ class TranslatingHandler(Handler):
         return self.inner.targets([t for t in translated if not isinstance(t, DeadLetter)], now=now)
 
     def handle(
-        self, record: ConsumedRecord, *, now: int, ingress: bool = True, max_wait_ms: int = 0,
+        self,
+        record: ConsumedRecord,
+        *,
+        now: int,
+        ingress: bool = True,
+        max_wait_ms: int = 0,
     ) -> Wait | list[Output]:
         """Translate ``record`` and admit it as the router does (``ingress`` is always true here)."""
         translated = self.translated(record, now)
@@ -71,10 +82,18 @@ class TranslatingHandler(Handler):
         step = self.inner.handle(translated, now=now, ingress=True)
         if isinstance(step, Wait):
             return step
-        return [self._with_original(out, record, translated) if out.topic == self.layout.dead_letter else out for out in step]
+        return [
+            self._with_original(out, record, translated) if out.topic == self.layout.dead_letter else out
+            for out in step
+        ]
 
     def dead_letter(
-        self, record: ConsumedRecord, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None,
+        self,
+        record: ConsumedRecord,
+        verdict: DeadLetter,
+        *,
+        now: int,
+        state: h.DelayHeaders | None,
         drop_value: bool = False,
     ) -> Output:
         """As :meth:`RecordHandler.dead_letter`."""
@@ -88,7 +107,7 @@ class TranslatingHandler(Handler):
     def _with_original(dead: Output, record: ConsumedRecord, translated: TranslatedRecord) -> Output:
         # The router dead-lettered the translated record: its headers are the translated
         # ones followed by the dead-letter headers. Put the source record's back in front.
-        added = dead.headers[len(translated.headers):]
+        added = dead.headers[len(translated.headers) :]
         value = None if dead.value is None else record.value  # None: the value was dropped (oversize)
         return replace(dead, key=record.key, value=value, headers=[*(record.headers or ()), *added])
 

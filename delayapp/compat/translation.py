@@ -5,8 +5,8 @@ Pure: no Kafka, no clock (callers pass ``now``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from delayapp.core import headers as h
 from delayapp.core.policies import DeadLetter, Reason
@@ -25,7 +25,12 @@ class Translation:
 
 
 def with_routing(
-    value: bytes | None, headers: Iterable[tuple[str, bytes | None]] | None, *, target: str, due: tuple[str, int], origin: str
+    value: bytes | None,
+    headers: Iterable[tuple[str, bytes | None]] | None,
+    *,
+    target: str,
+    due: tuple[str, int],
+    origin: str,
 ) -> Translation | DeadLetter:
     """``headers`` (kept, in order) followed by ``reactivateToTopic=target`` and the due header.
 

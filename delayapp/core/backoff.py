@@ -25,7 +25,7 @@ class ExponentialBackoff:
         return delay
 
 
-def backoff_ms(backoff: "ExponentialBackoff | int | str", retry: int) -> int:
+def backoff_ms(backoff: ExponentialBackoff | int | str, retry: int) -> int:
     """Delay before retry number ``retry`` (1-based): a fixed duration or a schedule."""
     if isinstance(backoff, (int, str)):
         return parse_duration(backoff)

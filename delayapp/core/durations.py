@@ -37,9 +37,7 @@ def parse_duration(text: str | int) -> int:
         total += float(match.group(1)) * UNIT_MS[match.group(2)]
         pos = match.end()
     if not compact or pos != len(compact):
-        raise ConfigError(
-            f"not a duration: {text!r} (use e.g. 500ms, 5s, 1m, 1h19m, 7d)"
-        )
+        raise ConfigError(f"not a duration: {text!r} (use e.g. 500ms, 5s, 1m, 1h19m, 7d)")
     return round(total)
 
 

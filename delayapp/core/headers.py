@@ -21,8 +21,9 @@ it is epoch seconds, or an unset field, never a moment anyone means.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, Iterable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from delayapp.core.errors import HeaderError
 
@@ -59,7 +60,13 @@ DEAD_LETTER_DETAIL = "deadLetterDetail"
 DEAD_LETTER_AT = "deadLetterAt"
 DEAD_LETTER_FROM = "deadLetterFrom"
 DEAD_LETTER_VALUE_DROPPED = "deadLetterValueDropped"
-DEAD_LETTER_HEADERS = (DEAD_LETTER_REASON, DEAD_LETTER_DETAIL, DEAD_LETTER_AT, DEAD_LETTER_FROM, DEAD_LETTER_VALUE_DROPPED)
+DEAD_LETTER_HEADERS = (
+    DEAD_LETTER_REASON,
+    DEAD_LETTER_DETAIL,
+    DEAD_LETTER_AT,
+    DEAD_LETTER_FROM,
+    DEAD_LETTER_VALUE_DROPPED,
+)
 
 NEVER_FROM_PRODUCER = frozenset(ENGINE_STATE + DEAD_LETTER_HEADERS)
 """Headers delayapp owns and a producer must not set; stripped from every ingress record."""
@@ -110,11 +117,11 @@ class DelayHeaders:
         """True for a record in the priority lane."""
         return self.priority == PRIORITY_HIGH
 
-    def evolve(self, **changes: Any) -> "DelayHeaders":
+    def evolve(self, **changes: Any) -> DelayHeaders:
         """A copy with some fields changed (``dataclasses.replace`` checks the names; each field's type is its own)."""
         return replace(self, **changes)
 
-    def irremovable(self) -> "DelayHeaders":
+    def irremovable(self) -> DelayHeaders:
         """Only the headers that stay on the record at its target."""
         return DelayHeaders(
             record_id=self.record_id,
@@ -163,7 +170,9 @@ def _decode_number(name: str, raw: bytes | None) -> int:
     # bytes.isdigit is true for ASCII digits only). Anything else takes the path that explains.
     if type(raw) is bytes and 0 < len(raw) <= 19 and raw.isdigit():
         value = int(raw)
-        if value <= (MAX_COUNT if name in _COUNTS else MAX_TIMESTAMP_MS) and (name not in _TIMES or value >= MIN_TIMESTAMP_MS):
+        if value <= (MAX_COUNT if name in _COUNTS else MAX_TIMESTAMP_MS) and (
+            name not in _TIMES or value >= MIN_TIMESTAMP_MS
+        ):
             return value
     text = _decode_ascii(name, raw)
     if not text.isdigit():
@@ -262,7 +271,12 @@ def encode(state: DelayHeaders, passthrough: Iterable[tuple[str, bytes]] = ()) -
 
 
 def dead_letter_headers(
-    headers: Iterable[tuple[str, HeaderValue]], *, reason: str, detail: str, now_ms: int, source: str,
+    headers: Iterable[tuple[str, HeaderValue]],
+    *,
+    reason: str,
+    detail: str,
+    now_ms: int,
+    source: str,
 ) -> list[tuple[str, HeaderValue | bytes]]:
     """``headers`` followed by the dead-letter headers: reason, a sentence (at most 1000 bytes), when, from where."""
     return [

@@ -44,7 +44,8 @@ def parse_instant(text: str, *, now_ms: int, relative: int | None = None) -> int
             pass
     kinds = "epoch ms, ISO-8601 (2026-11-21T09:30:00Z)" + (
         ", or a duration (1h, 90s)" + (" meaning that long ago" if relative == AGO else " from now")
-        if relative is not None else ""
+        if relative is not None
+        else ""
     )
     raise ConfigError(f"not a point in time: {text!r} (use {kinds})")
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from delayapp.core.durations import format_duration, parse_duration
 from delayapp.errors import ConfigError
@@ -49,13 +49,13 @@ class Ladder:
             )
 
     @classmethod
-    def parse(cls, text: str) -> "Ladder":
+    def parse(cls, text: str) -> Ladder:
         """Parse a comma-separated ladder such as ``"1s,5s,1m,5m,1h"``."""
         items = [part for part in (p.strip() for p in text.split(",")) if part]
         return cls(tuple(parse_duration(p) for p in items))
 
     @classmethod
-    def of(cls, denominations: Iterable[int]) -> "Ladder":
+    def of(cls, denominations: Iterable[int]) -> Ladder:
         """Build from millisecond values, as given (no sorting: order is validated)."""
         return cls(tuple(int(d) for d in denominations))
 

@@ -98,8 +98,13 @@ class TopicLayout:
     def all_topics(self) -> list[str]:
         """Every topic delayapp owns."""
         return [
-            self.ingress, *self.compat_topics, *self.delay_topics.values(), *self.priority_topics.values(),
-            self.dead_letter, self.audit, *self.compacted_topics,
+            self.ingress,
+            *self.compat_topics,
+            *self.delay_topics.values(),
+            *self.priority_topics.values(),
+            self.dead_letter,
+            self.audit,
+            *self.compacted_topics,
         ]
 
 
@@ -132,7 +137,12 @@ class TopicSpec:
 
 
 def topic_specs(
-    layout: TopicLayout, *, partitions: int, margin_ms: int, dead_letter_retention_ms: int, max_delay_ms: int | None = None,
+    layout: TopicLayout,
+    *,
+    partitions: int,
+    margin_ms: int,
+    dead_letter_retention_ms: int,
+    max_delay_ms: int | None = None,
     record_state_ttl_ms: int = DAY_MS,
 ) -> list[TopicSpec]:
     """The specs of every delayapp topic; created topics keep at least a week.
@@ -149,14 +159,20 @@ def topic_specs(
     """
 
     def spec(name: str, dwell: int, retention: int | None = None, *, broker_time: bool = False) -> TopicSpec:
-        return TopicSpec(name, partitions, dwell, retention or max(WEEK_MS, dwell + margin_ms), log_append_time=broker_time)
+        return TopicSpec(
+            name, partitions, dwell, retention or max(WEEK_MS, dwell + margin_ms), log_append_time=broker_time
+        )
 
     cancel = (
         TopicSpec(layout.cancellations, partitions, 0, -1, compacted=True, log_append_time=True)
         if max_delay_ms is None
         else TopicSpec(
-            layout.cancellations, partitions, max_delay_ms, max(max_delay_ms + DAY_MS, max_delay_ms + margin_ms),
-            compacted=True, log_append_time=True,
+            layout.cancellations,
+            partitions,
+            max_delay_ms,
+            max(max_delay_ms + DAY_MS, max_delay_ms + margin_ms),
+            compacted=True,
+            log_append_time=True,
         )
     )
     return [
@@ -167,8 +183,11 @@ def topic_specs(
         spec(layout.dead_letter, dead_letter_retention_ms - margin_ms, dead_letter_retention_ms),
         spec(layout.audit, 0),
         TopicSpec(
-            layout.record_states, partitions, (max_delay_ms or WEEK_MS) + record_state_ttl_ms,
-            (max_delay_ms or WEEK_MS) + record_state_ttl_ms + margin_ms, compacted=True,
+            layout.record_states,
+            partitions,
+            (max_delay_ms or WEEK_MS) + record_state_ttl_ms,
+            (max_delay_ms or WEEK_MS) + record_state_ttl_ms + margin_ms,
+            compacted=True,
         ),
         cancel,
         # compacted only: retention does not apply (the latest value per key is kept for ever)
@@ -186,7 +205,10 @@ def retired_delay_topics(layout: TopicLayout, existing: set[str] | list[str]) ->
 
 
 def retention_problems(
-    specs: list[TopicSpec], actual_retention_ms: dict[str, int], margin_ms: int, cleanup_policies: dict[str, str] | None = None
+    specs: list[TopicSpec],
+    actual_retention_ms: dict[str, int],
+    margin_ms: int,
+    cleanup_policies: dict[str, str] | None = None,
 ) -> list[str]:
     """Human sentences for every topic whose retention (-1 = forever) is too short.
 

@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from delayapp.core.backoff import ExponentialBackoff
 
 Histogram = list[tuple[int, int]]  # (delay ms, how many requests), ascending by delay
 REFERENCE_SIZE = 20_000  # delays drawn per mix by the bench, the tests and the default's choice
 
-_REALISTIC_BANDS = ((0.45, 1_000, 60_000), (0.30, 60_000, 30 * 60_000), (0.20, 30 * 60_000, 6 * 3_600_000), (0.05, 6 * 3_600_000, 7 * 86_400_000))
+_REALISTIC_BANDS = (
+    (0.45, 1_000, 60_000),
+    (0.30, 60_000, 30 * 60_000),
+    (0.20, 30 * 60_000, 6 * 3_600_000),
+    (0.05, 6 * 3_600_000, 7 * 86_400_000),
+)
 _SKEWED_REMINDERS = ((0.15, 15 * 60_000), (0.10, 3_600_000), (0.05, 86_400_000))  # share, delay; the rest are retries
 _SKEWED_BACKOFF = ExponentialBackoff()  # 1s, 2s, 4s ... capped at 1h: the project's default schedule
 

@@ -18,9 +18,10 @@ never forgets them.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from delayapp.core.released import decode_released, encode_released
 
@@ -66,7 +67,9 @@ class PartitionState:
     ``carried`` until the position passes them.
     """
 
-    def __init__(self, committed: int | None = None, committed_metadata: str | None = None, *, now_s: float = 0.0) -> None:
+    def __init__(
+        self, committed: int | None = None, committed_metadata: str | None = None, *, now_s: float = 0.0
+    ) -> None:
         self.queue: deque[Pending] = deque()
         self.committed = committed
         self.committed_metadata = committed_metadata or ""
@@ -108,7 +111,11 @@ class PartitionState:
         """True when fetching more for this partition must stop for now: it waits and nothing
         behind its head may go ahead, or it holds ``max_records`` records or ``max_bytes`` bytes
         already (records of up to 1 MB each would otherwise fill memory)."""
-        return (self.waiting(now) and not release_ahead) or len(self.queue) >= max_records or self.queued_bytes >= max_bytes
+        return (
+            (self.waiting(now) and not release_ahead)
+            or len(self.queue) >= max_records
+            or self.queued_bytes >= max_bytes
+        )
 
     # -- deciding --------------------------------------------------------------------------------
 
@@ -246,7 +253,11 @@ class AssignedPartitions:
     # -- deciding --------------------------------------------------------------------------------
 
     def decide(
-        self, clock: Callable[[], int], handle: Callable[[PartitionKey, Pending, int], Any], *, now_s: float = 0.0,
+        self,
+        clock: Callable[[], int],
+        handle: Callable[[PartitionKey, Pending, int], Any],
+        *,
+        now_s: float = 0.0,
     ) -> tuple[list[tuple[PartitionKey, Pending, Any]], dict[PartitionKey, tuple[int, str]], int]:
         """Release every queued record that is due (see :meth:`PartitionState.release_due`).
 
@@ -262,8 +273,11 @@ class AssignedPartitions:
                 continue
             was_waiting = part.wait_until is not None
             done = part.release_due(
-                clock(), partial(handle, key),
-                release_ahead=self.release_ahead, clock=clock, now_s=now_s,
+                clock(),
+                partial(handle, key),
+                release_ahead=self.release_ahead,
+                clock=clock,
+                now_s=now_s,
             )
             new_waits += part.wait_until is not None and not was_waiting
             batch.extend((key, entry, outputs) for entry, outputs in done)
@@ -317,7 +331,8 @@ class AssignedPartitions:
         ``max_bytes`` is the loop's budget, shared equally among its partitions."""
         byte_budget = max_bytes // max(1, len(self.parts))
         return {
-            key for key, part in self.parts.items()
+            key
+            for key, part in self.parts.items()
             if part.should_pause(now, release_ahead=self.release_ahead, max_records=max_records, max_bytes=byte_budget)
         }
 

@@ -25,9 +25,9 @@ downtime is absorbed by the next plan instead of accumulating.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
-from typing import Sequence
 
 import numpy as np
 

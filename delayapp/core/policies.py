@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 import fnmatch
 import uuid
+from collections.abc import Container
 from dataclasses import dataclass
-from typing import Container
 
 from delayapp.core.durations import format_duration
 from delayapp.core.headers import DelayHeaders
@@ -63,7 +63,7 @@ class Policy:
     reserved_topics: frozenset[str] = frozenset()
     reserved_patterns: tuple[str, ...] = ()
 
-    def check_target(self, topic: str | None, known_topics: Container[str] | None = None) -> "DeadLetter | None":
+    def check_target(self, topic: str | None, known_topics: Container[str] | None = None) -> DeadLetter | None:
         """None if ``topic`` may receive records, else the dead-letter verdict saying why."""
         if not topic:
             return DeadLetter(Reason.MISSING_TARGET, "no reactivateToTopic header: the record has no destination")
@@ -159,7 +159,9 @@ def admit(
         # (earlier) now would release the record early by the broker's clock.
         entered = delayed_at = record_timestamp_ms
     else:
-        entered = now_ms if seen_at_ms is None else seen_at_ms  # never a producer's timestamp: a back-dated one is early
+        entered = (
+            now_ms if seen_at_ms is None else seen_at_ms
+        )  # never a producer's timestamp: a back-dated one is early
         delayed_at = min(record_timestamp_ms, entered) if record_timestamp_ms > 0 else entered
     if state.reactivate_at is not None:
         due = state.reactivate_at
@@ -213,7 +215,9 @@ def route(
     due = max(state.reactivate_at, state.valid_at or 0, state.throttled_until or 0)
     if state.expire_at is not None:
         if state.valid_at is not None and state.valid_at >= state.expire_at:
-            return DeadLetter(Reason.EXPIRES_BEFORE_DUE, f"validAt {state.valid_at} is not before expireAt {state.expire_at}")
+            return DeadLetter(
+                Reason.EXPIRES_BEFORE_DUE, f"validAt {state.valid_at} is not before expireAt {state.expire_at}"
+            )
         if now_ms >= state.expire_at:
             return DeadLetter(Reason.EXPIRED, f"expireAt {state.expire_at} passed {now_ms - state.expire_at} ms ago")
         if due >= state.expire_at:

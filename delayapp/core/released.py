@@ -36,7 +36,7 @@ def decode_released(commit_offset: int, metadata: str | None) -> set[int]:
         return set()
     out: set[int] = set()
     try:
-        for part in metadata[len(PREFIX):].split(","):
+        for part in metadata[len(PREFIX) :].split(","):
             low, _, high = part.partition("-")
             out.update(range(commit_offset + int(low), commit_offset + int(high or low) + 1))
     except ValueError:

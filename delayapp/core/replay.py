@@ -9,8 +9,8 @@ skips dead letters whose key is already there, so running it twice does not deli
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from delayapp.core import headers as h
 
@@ -48,7 +48,7 @@ def _engine_block(headers: list[tuple[str, bytes | None]]) -> list[tuple[str, by
     A dead letter keeps the headers its record was sent with, which may include dead-letter
     headers a producer set in advance; the engine's own always come last."""
     starts = [n for n, (name, _) in enumerate(headers) if name == h.DEAD_LETTER_REASON]
-    return headers[starts[-1]:] if starts else []
+    return headers[starts[-1] :] if starts else []
 
 
 def dead_letter_info(headers: Iterable[tuple[str, bytes | None]] | None) -> DeadLetterInfo:

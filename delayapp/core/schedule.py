@@ -91,8 +91,10 @@ class ScheduleRequest:
             raise ScheduleError(f"delay: must not be negative, got {self.delay_ms} ms")
         if self.priority not in h.PRIORITIES:
             raise ScheduleError(f"priority: one of {', '.join(h.PRIORITIES)}, got {self.priority!r}")
-        if not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], bytes)
-                   for p in self.headers):
+        if not all(
+            isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], bytes)
+            for p in self.headers
+        ):
             raise ScheduleError("headers: expected (name, value) pairs, the name a string and the value bytes")
         reserved = [name for name, _ in self.headers if name in RESERVED_HEADERS]
         if reserved:
@@ -125,8 +127,10 @@ class ScheduleRequest:
 
     def _times(self) -> tuple[tuple[str, int | None], ...]:
         return (
-            ("delay", self.delay_ms), ("at", self.at_ms),
-            ("valid_at", self.valid_at_ms), ("expire_at", self.expire_at_ms),
+            ("delay", self.delay_ms),
+            ("at", self.at_ms),
+            ("valid_at", self.valid_at_ms),
+            ("expire_at", self.expire_at_ms),
         )
 
     def to_headers(self) -> list[tuple[str, bytes]]:

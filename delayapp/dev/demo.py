@@ -59,12 +59,22 @@ async def show_worker_view(web: str, record_id: str) -> None:
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
         print(f"[demo] worker web view not reachable at {web} ({type(exc).__name__})", flush=True)
         return
-    where = f"in {state.get('topic')} until {clock(state['next_awake_at'])}" if state.get("next_awake_at") else f"at {state.get('topic')}"
-    print(f"[demo] GET {web}/delay/records/{record_id}: {state.get('status')} {where}, hops {state.get('hops')}", flush=True)
+    where = (
+        f"in {state.get('topic')} until {clock(state['next_awake_at'])}"
+        if state.get("next_awake_at")
+        else f"at {state.get('topic')}"
+    )
+    print(
+        f"[demo] GET {web}/delay/records/{record_id}: {state.get('status')} {where}, hops {state.get('hops')}",
+        flush=True,
+    )
     late = [lp["lateness_ms"] for lp in stats.get("loops", {}).values() if lp["lateness_ms"]["count"]]
     if late:
-        print(f"[demo] GET {web}/delay/stats: deliveries {stats.get('deliveries_by_target')}, "
-              f"lateness p99 per loop {[lt['p99'] for lt in late]} ms", flush=True)
+        print(
+            f"[demo] GET {web}/delay/stats: deliveries {stats.get('deliveries_by_target')}, "
+            f"lateness p99 per loop {[lt['p99'] for lt in late]} ms",
+            flush=True,
+        )
 
 
 async def produce_waves(kafka: dict, ingress: str, engine_ready: asyncio.Event, web: str) -> None:
@@ -85,7 +95,9 @@ async def produce_waves(kafka: dict, ingress: str, engine_ready: asyncio.Event, 
                 due = now + parse_duration(delay)
                 name = f"order-{wave}-{n}"
                 value = orjson.dumps({"order": name, "due": due})
-                await schedule(producer, TARGET, value, key=name.encode(), at=due, record_id=name, ingress_topic=ingress)
+                await schedule(
+                    producer, TARGET, value, key=name.encode(), at=due, record_id=name, ingress_topic=ingress
+                )
                 print(f"[demo] scheduled {name:12} delay {delay:>6}  due {clock(due)}", flush=True)
             await asyncio.sleep(WAVE_EVERY_S / 2)
             await show_worker_view(web, f"order-{wave}-{len(WAVE) - 1}")
@@ -128,12 +140,21 @@ async def main() -> None:
     ingress = f"{settings.topic_prefix}.ingress"
     kafka = settings.kafka_client_kwargs()
     await ensure_target(kafka)
-    print(f"[demo] scheduling a wave of {len(WAVE)} records every {WAVE_EVERY_S:.0f} s to {TARGET} "
-          f"through {ingress} (ladder {settings.ladder}, longest {format_duration(parse_duration(WAVE[-1]))})", flush=True)
+    print(
+        f"[demo] scheduling a wave of {len(WAVE)} records every {WAVE_EVERY_S:.0f} s to {TARGET} "
+        f"through {ingress} (ladder {settings.ladder}, longest {format_duration(parse_duration(WAVE[-1]))})",
+        flush=True,
+    )
     ready = asyncio.Event()
     web = f"http://{settings.web_host}:{settings.web_port}"
-    print(f"[demo] console: open {web}/console in a browser (what waits, lateness, dead letters; refreshes every 2 s)", flush=True)
-    tasks = [asyncio.create_task(show_deliveries(kafka, ready)), asyncio.create_task(produce_waves(kafka, ingress, ready, web))]
+    print(
+        f"[demo] console: open {web}/console in a browser (what waits, lateness, dead letters; refreshes every 2 s)",
+        flush=True,
+    )
+    tasks = [
+        asyncio.create_task(show_deliveries(kafka, ready)),
+        asyncio.create_task(produce_waves(kafka, ingress, ready, web)),
+    ]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

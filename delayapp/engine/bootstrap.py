@@ -32,14 +32,19 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
                 "they were written with (DELAYAPP_DENOMINATIONS), or drain them first and delete them (docs/design.md: changing the ladder)"
             )
         specs = configured_topic_specs(s, layout)
-        return await ensure_topics(admin, specs, create=s.create_topics, replication_factor=s.replication_factor, margin_ms=s.retention_margin)
+        return await ensure_topics(
+            admin, specs, create=s.create_topics, replication_factor=s.replication_factor, margin_ms=s.retention_margin
+        )
     finally:
         await admin.close()
 
 
 async def probe_transactions(settings: Settings, *, required: bool) -> bool:
     """Say in the log whether the broker runs transactions; refuse exactly_once without them."""
-    producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), transactional_id=f"{settings.topic_prefix}.probe.{settings.worker_instance_id}")
+    producer = AIOKafkaProducer(
+        **settings.kafka_client_kwargs(),
+        transactional_id=f"{settings.topic_prefix}.probe.{settings.worker_instance_id}",
+    )
     try:
         await asyncio.wait_for(producer.start(), timeout=15)
     except Exception as exc:
@@ -49,12 +54,16 @@ async def probe_transactions(settings: Settings, *, required: bool) -> bool:
                 f"processing_guarantee=exactly_once needs Kafka transactions, which broker {settings.broker} refused "
                 f"({reason}); use at_least_once or a Kafka cluster with transactions"
             ) from None
-        log.info("broker capability: transactions NOT available (%s); at_least_once hops, de-duplicate by recordId", reason)
+        log.info(
+            "broker capability: transactions NOT available (%s); at_least_once hops, de-duplicate by recordId", reason
+        )
         return False
     finally:
         await producer.stop()
     if required:
-        log.info("broker capability: transactions available; exactly_once hops enabled (readers must use read_committed)")
+        log.info(
+            "broker capability: transactions available; exactly_once hops enabled (readers must use read_committed)"
+        )
     else:
         log.info("broker capability: transactions available; DELAYAPP_PROCESSING_GUARANTEE=exactly_once would use them")
     return True
@@ -63,7 +72,9 @@ async def probe_transactions(settings: Settings, *, required: bool) -> bool:
 async def keeps_commit_metadata(settings: Settings, topic: str) -> bool:
     """Whether the broker returns the metadata string committed with an offset (real Kafka
     does; the embedded broker drops it). Commits once for a probe group on ``topic``."""
-    probe = AIOKafkaConsumer(**settings.kafka_client_kwargs(), group_id=f"{settings.app_id}.probe", enable_auto_commit=False)
+    probe = AIOKafkaConsumer(
+        **settings.kafka_client_kwargs(), group_id=f"{settings.app_id}.probe", enable_auto_commit=False
+    )
     await probe.start()
     try:
         tp = TopicPartition(topic, 0)

@@ -54,7 +54,9 @@ class CancelRegistry(Service):
         return self._cancels.get(record_id) if record_id else None
 
     async def on_start(self) -> None:
-        self._consumer = AIOKafkaConsumer(**self.kafka_client_kwargs, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=200)
+        self._consumer = AIOKafkaConsumer(
+            **self.kafka_client_kwargs, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=200
+        )
         await self._consumer.start()
         partitions = (await topic_partitions(self._consumer, [self.topic])).get(self.topic, set())
         tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
@@ -66,7 +68,10 @@ class CancelRegistry(Service):
         self.caught_up.set()
         log.info(
             "cancel registry: %d live cancellations read from %s (%d older than %d ms skipped)",
-            len(self._cancels), self.topic, self.skipped_old, self._keep_ms,
+            len(self._cancels),
+            self.topic,
+            self.skipped_old,
+            self._keep_ms,
         )
 
     async def _seek_past_old(self, tps: list[TopicPartition]) -> None:
@@ -80,7 +85,11 @@ class CancelRegistry(Service):
         try:
             found = await self._consumer.offsets_for_times({tp: max(horizon, 0) for tp in tps})
         except (KafkaError, ValueError) as exc:
-            log.info("cancel registry: the broker cannot look up offsets by time (%s); reading %s from the start", exc, self.topic)
+            log.info(
+                "cancel registry: the broker cannot look up offsets by time (%s); reading %s from the start",
+                exc,
+                self.topic,
+            )
             return
         ends = await self._consumer.end_offsets(tps)
         for tp in tps:
@@ -105,8 +114,11 @@ class CancelRegistry(Service):
             for record in records:
                 key = record.key.decode("utf-8", "replace") if record.key else None
                 request = decode_cancel(
-                    record.key, record.value, timestamp_ms=record.timestamp or 0,
-                    timestamp_type=getattr(record, "timestamp_type", CREATE_TIME), now_ms=now,
+                    record.key,
+                    record.value,
+                    timestamp_ms=record.timestamp or 0,
+                    timestamp_type=getattr(record, "timestamp_type", CREATE_TIME),
+                    now_ms=now,
                 )
                 if request is not None and request.cancelled_at >= horizon:
                     self._cancels[request.record_id] = request

@@ -7,8 +7,9 @@ first) and every delay worker.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
-from typing import Callable, Container, Iterable, Protocol
+from typing import Protocol
 
 from delayapp.core import headers as h
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
@@ -138,15 +139,27 @@ class RecordHandler(Handler):
         return step
 
     def _handle(
-        self, record: ConsumedRecord, *, now: int, ingress: bool, seen_at: int, max_wait_ms: int,
+        self,
+        record: ConsumedRecord,
+        *,
+        now: int,
+        ingress: bool,
+        seen_at: int,
+        max_wait_ms: int,
     ) -> Wait | list[Output]:
         source = f"{record.topic}/{record.partition}/{record.offset}"
         if record.value is None:
-            verdict = DeadLetter(Reason.TOMBSTONE, "null value (tombstone): a delayed delete would be applied out of order, so it is not delayed")
+            verdict = DeadLetter(
+                Reason.TOMBSTONE,
+                "null value (tombstone): a delayed delete would be applied out of order, so it is not delayed",
+            )
             return [self.dead_letter(record, verdict, now=now, state=None)]
         size = record_size(record.key, record.value, record.headers)
         if size > self.max_record_bytes:
-            verdict = DeadLetter(Reason.OVERSIZE, f"record of {size} bytes exceeds the {self.max_record_bytes} bytes accepted; value dropped here, original at {source}")
+            verdict = DeadLetter(
+                Reason.OVERSIZE,
+                f"record of {size} bytes exceeds the {self.max_record_bytes} bytes accepted; value dropped here, original at {source}",
+            )
             return [self.dead_letter(record, verdict, now=now, state=None, drop_value=True)]
         # At ingress, headers only delayapp writes are dropped before anything reads them
         # (see headers.strip_never_from_producer); dead letters still keep the record as sent.
@@ -178,9 +191,16 @@ class RecordHandler(Handler):
         retries, hops = state.time_retried or 0, state.delay_hops or 0
         if applies_to(self.cancellations(state.record_id), state.delayed_at):
             event = AuditEvent(
-                state.record_id or source, RecordStatus.CANCELLED, now,
-                audit_seq(retries, hops, RecordStatus.CANCELLED), retries, hops, state.reactivate_to_topic,
-                reactivate_at=state.reactivate_at, source=source, priority=state.is_priority,
+                state.record_id or source,
+                RecordStatus.CANCELLED,
+                now,
+                audit_seq(retries, hops, RecordStatus.CANCELLED),
+                retries,
+                hops,
+                state.reactivate_to_topic,
+                reactivate_at=state.reactivate_at,
+                source=source,
+                priority=state.is_priority,
                 delayed_at=state.delayed_at,
             )
             return [Output(None, None, None, [], event)]
@@ -195,18 +215,37 @@ class RecordHandler(Handler):
         if isinstance(step, Enqueue):
             new = step.state
             event = AuditEvent(
-                new.record_id or source, RecordStatus.WAITING, now,
-                audit_seq(retries, new.delay_hops or 0, RecordStatus.WAITING), retries, new.delay_hops or 0,
-                new.reactivate_to_topic, awake_at=new.awake_at, reactivate_at=new.reactivate_at, source=source,
-                priority=new.is_priority, throttled_until=new.throttled_until, delayed_at=new.delayed_at,
+                new.record_id or source,
+                RecordStatus.WAITING,
+                now,
+                audit_seq(retries, new.delay_hops or 0, RecordStatus.WAITING),
+                retries,
+                new.delay_hops or 0,
+                new.reactivate_to_topic,
+                awake_at=new.awake_at,
+                reactivate_at=new.reactivate_at,
+                source=source,
+                priority=new.is_priority,
+                throttled_until=new.throttled_until,
+                delayed_at=new.delayed_at,
             )
             topic = self.layout.delay_topic(step.hop.denomination_ms, priority=new.is_priority and self.priority_lane)
             return [Output(topic, record.key, record.value, h.encode(new, passthrough), event)]
         assert isinstance(step, Deliver)
         event = AuditEvent(
-            state.record_id or source, RecordStatus.DELIVERED, now, audit_seq(retries, hops, RecordStatus.DELIVERED),
-            retries, hops, step.topic, reactivate_at=step.due_ms, lateness_ms=now - step.due_ms, source=source,
-            priority=state.is_priority, throttled_until=throttled_until, delayed_at=state.delayed_at,
+            state.record_id or source,
+            RecordStatus.DELIVERED,
+            now,
+            audit_seq(retries, hops, RecordStatus.DELIVERED),
+            retries,
+            hops,
+            step.topic,
+            reactivate_at=step.due_ms,
+            lateness_ms=now - step.due_ms,
+            source=source,
+            priority=state.is_priority,
+            throttled_until=throttled_until,
+            delayed_at=state.delayed_at,
         )
         return [Output(step.topic, record.key, record.value, h.encode(step.state, passthrough), event)]
 
@@ -237,7 +276,12 @@ class RecordHandler(Handler):
         return self.dead_letter(record, verdict, now=now, state=state, drop_value=drop_value)
 
     def dead_letter(
-        self, record: ConsumedRecord, verdict: DeadLetter, *, now: int, state: h.DelayHeaders | None,
+        self,
+        record: ConsumedRecord,
+        verdict: DeadLetter,
+        *,
+        now: int,
+        state: h.DelayHeaders | None,
         drop_value: bool = False,
     ) -> Output:
         """The dead-letter copy: original key, value and headers, plus reason and detail.
@@ -246,14 +290,25 @@ class RecordHandler(Handler):
         ``deadLetterValueDropped`` then gives its size and ``deadLetterFrom`` where it still is.
         """
         source = f"{record.topic}/{record.partition}/{record.offset}"
-        headers = h.dead_letter_headers(record.headers or (), reason=verdict.reason.value, detail=verdict.detail, now_ms=now, source=source)
+        headers = h.dead_letter_headers(
+            record.headers or (), reason=verdict.reason.value, detail=verdict.detail, now_ms=now, source=source
+        )
         if drop_value:
             headers.append((h.DEAD_LETTER_VALUE_DROPPED, str(len(record.value or b"")).encode()))
         retries = (state.time_retried or 0) if state else 0
         hops = (state.delay_hops or 0) if state else 0
-        record_id = (state.record_id if state else None) or stable_record_id(record.topic, record.partition, record.offset, record.timestamp or 0)
+        record_id = (state.record_id if state else None) or stable_record_id(
+            record.topic, record.partition, record.offset, record.timestamp or 0
+        )
         event = AuditEvent(
-            record_id, RecordStatus.DEAD_LETTERED, now, audit_seq(retries, hops, RecordStatus.DEAD_LETTERED), retries,
-            hops, state.reactivate_to_topic if state else None, reason=verdict.reason.value, source=source,
+            record_id,
+            RecordStatus.DEAD_LETTERED,
+            now,
+            audit_seq(retries, hops, RecordStatus.DEAD_LETTERED),
+            retries,
+            hops,
+            state.reactivate_to_topic if state else None,
+            reason=verdict.reason.value,
+            source=source,
         )
         return Output(self.layout.dead_letter, record.key, None if drop_value else record.value, headers, event)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -39,7 +40,8 @@ class KnownTopics:
         """Refresh if a target topic is unknown and was not checked this second."""
         now = time.monotonic()
         unknown = {
-            name for name in targets
+            name
+            for name in targets
             if name not in self.names and now - self._missing_since.get(name, -TOPIC_REFRESH_S) >= TOPIC_REFRESH_S
         }
         if unknown:

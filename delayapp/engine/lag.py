@@ -22,7 +22,9 @@ class LagSampler:
         """``{topic: pending records}`` for each (group id, topics) pair."""
         if self._consumer is None or self._admin is None:
             await self.close()
-            self._consumer = AIOKafkaConsumer(**self.settings.kafka_client_kwargs(), group_id=None, enable_auto_commit=False)
+            self._consumer = AIOKafkaConsumer(
+                **self.settings.kafka_client_kwargs(), group_id=None, enable_auto_commit=False
+            )
             self._admin = AIOKafkaAdminClient(**self.settings.kafka_client_kwargs())
             await self._consumer.start()
             await self._admin.start()

@@ -37,9 +37,10 @@ import logging
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Coroutine, cast
+from typing import Any, cast
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -79,12 +80,22 @@ RECENT_EVENTS = 50_000  # per loop, for windowed throughput and lateness percent
 DECIDING = threading.Lock()
 
 # Group errors that mean another member owns the partitions now (KIP-447 fencing).
-_FENCING_CODES = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.FENCED_INSTANCE_ID,
-                  KafkaError.REBALANCE_IN_PROGRESS}
+_FENCING_CODES = {
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+    KafkaError.FENCED_INSTANCE_ID,
+    KafkaError.REBALANCE_IN_PROGRESS,
+}
 # Refusals of this record, whoever retries: too large, malformed, not allowed to write there.
 _REFUSED_FOR_GOOD = {
-    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_MSG, KafkaError.INVALID_RECORD,
-    KafkaError.TOPIC_EXCEPTION, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.POLICY_VIOLATION, KafkaError._INVALID_ARG,
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_MSG_SIZE,
+    KafkaError.INVALID_MSG,
+    KafkaError.INVALID_RECORD,
+    KafkaError.TOPIC_EXCEPTION,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.POLICY_VIOLATION,
+    KafkaError._INVALID_ARG,
 }
 
 
@@ -206,7 +217,9 @@ class HopLoop(Service):
         self.handler = handler
         self.settings = settings
         self.audit_topic = audit_topic
-        self.states_topic = states_topic  # record-states: each audit event again, compacted by record id (the read model)
+        self.states_topic = (
+            states_topic  # record-states: each audit event again, compacted by record id (the read model)
+        )
         self.ingress = ingress
         self.clock = clock if clock is not None else GuardedClock()
         self.stats = LoopStats()
@@ -222,7 +235,9 @@ class HopLoop(Service):
         self._in_flight: deque[_Batch] = deque()
         self._txn_open_since: float | None = None  # exactly_once: monotonic s the open transaction began
         self._txn_member: str | None = None  # exactly_once: the member id that opened it
-        self._refused: dict[tuple[PartitionKey, int], DeadLetter] = {}  # records a target refused, to dead-letter on the redo
+        self._refused: dict[
+            tuple[PartitionKey, int], DeadLetter
+        ] = {}  # records a target refused, to dead-letter on the redo
         self._recently_stalled: dict[PartitionKey, float] = {}
         self._pending_seeks: dict[PartitionKey, int | None] = {}
         self._next_watchdog_s = 0.0
@@ -266,7 +281,9 @@ class HopLoop(Service):
         self._stopping.set()
         thread = self._thread
         if thread is not None:
-            limit_s = self.settings.session_timeout_ms / 1000 + 15  # settling in the group (see _finish_joining), then the batch
+            limit_s = (
+                self.settings.session_timeout_ms / 1000 + 15
+            )  # settling in the group (see _finish_joining), then the batch
             await asyncio.get_running_loop().run_in_executor(None, thread.join, limit_s)
             if thread.is_alive():
                 log.warning("%s: loop did not finish its batch within %.0f s", self.label, limit_s)
@@ -291,7 +308,11 @@ class HopLoop(Service):
                     self.stats.restarts += 1
                     log.error(
                         "%s: loop failed (%s: %s); reopening from committed offsets in %.1f s",
-                        self.label, type(exc).__name__, exc, backoff, exc_info=not getattr(exc, "retriable", False),
+                        self.label,
+                        type(exc).__name__,
+                        exc,
+                        backoff,
+                        exc_info=not getattr(exc, "retriable", False),
                     )
                     self._close(clean=False)
                     self._stopping.wait(backoff)
@@ -304,8 +325,12 @@ class HopLoop(Service):
 
     def _open(self) -> None:
         s = self.settings
-        common = {**s.librdkafka_connection(), "client.id": f"{s.app_id}-{self.name}", "logger": librdkafka_log,
-                  "error_cb": self._client_error}
+        common = {
+            **s.librdkafka_connection(),
+            "client.id": f"{s.app_id}-{self.name}",
+            "logger": librdkafka_log,
+            "error_cb": self._client_error,
+        }
         overrides = s.librdkafka_overrides()  # the operator's word last
         if s.librdkafka_debug:  # asked for: shown at the worker's usual log level
             common.update(debug=s.librdkafka_debug, logger=_AtLeastInfo(librdkafka_log, {}))
@@ -323,36 +348,42 @@ class HopLoop(Service):
             "allow.auto.create.topics": False,  # a target that vanished is not re-created by a write
         }
         if self.exactly_once:
-            producer_config.update({
-                "transactional.id": f"{s.topic_prefix}.{self.name}.{s.worker_instance_id}",
-                "transaction.timeout.ms": max(60_000, write_timeout),
-            })
+            producer_config.update(
+                {
+                    "transactional.id": f"{s.topic_prefix}.{self.name}.{s.worker_instance_id}",
+                    "transaction.timeout.ms": max(60_000, write_timeout),
+                }
+            )
         self._producer = Producer({**producer_config, **overrides})
         if self.exactly_once:
             self._producer.init_transactions(s.emit_timeout / 1000)
-        self._consumer = Consumer({
-            **common,
-            "group.id": self.group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            # never reset silently: no commit → each assignment starts at the beginning (see
-            # _on_assign); a commit the log no longer holds → an alarm (see _reset)
-            "auto.offset.reset": "error",
-            "isolation.level": "read_committed" if self.exactly_once else "read_uncommitted",
-            "session.timeout.ms": s.session_timeout_ms,
-            "heartbeat.interval.ms": s.heartbeat_interval_ms,
-            # librdkafka sends this as the JoinGroup's rebalance timeout: a broker may wait that
-            # long for a member that died mid-rebalance (the embedded one does, 300 s by default).
-            # The loop polls at least every 100 ms; only a batch's writes can hold it longer.
-            "max.poll.interval.ms": max(s.session_timeout_ms, REBALANCE_TIMEOUT_MS),
-            "fetch.wait.max.ms": s.fetch_max_wait_ms,
-            "queued.max.messages.kbytes": max(1024, s.max_queued_bytes // 1024 // 4),
-            "partition.assignment.strategy": "range",
-            "on_commit": self._committed,
-            **overrides,
-        })
+        self._consumer = Consumer(
+            {
+                **common,
+                "group.id": self.group_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                # never reset silently: no commit → each assignment starts at the beginning (see
+                # _on_assign); a commit the log no longer holds → an alarm (see _reset)
+                "auto.offset.reset": "error",
+                "isolation.level": "read_committed" if self.exactly_once else "read_uncommitted",
+                "session.timeout.ms": s.session_timeout_ms,
+                "heartbeat.interval.ms": s.heartbeat_interval_ms,
+                # librdkafka sends this as the JoinGroup's rebalance timeout: a broker may wait that
+                # long for a member that died mid-rebalance (the embedded one does, 300 s by default).
+                # The loop polls at least every 100 ms; only a batch's writes can hold it longer.
+                "max.poll.interval.ms": max(s.session_timeout_ms, REBALANCE_TIMEOUT_MS),
+                "fetch.wait.max.ms": s.fetch_max_wait_ms,
+                "queued.max.messages.kbytes": max(1024, s.max_queued_bytes // 1024 // 4),
+                "partition.assignment.strategy": "range",
+                "on_commit": self._committed,
+                **overrides,
+            }
+        )
         self._joined = False
-        self._consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._consumer.subscribe(
+            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
 
     def _close(self, *, clean: bool) -> None:
         consumer, producer = self._consumer, self._producer
@@ -418,7 +449,9 @@ class HopLoop(Service):
             for tp in committed:
                 offset = tp.offset if tp.offset >= 0 else None
                 self.parts.adopt((tp.topic, tp.partition), offset, tp.metadata, now_s=now_s)
-                starts.append(TopicPartition(tp.topic, tp.partition, offset if offset is not None else OFFSET_BEGINNING))
+                starts.append(
+                    TopicPartition(tp.topic, tp.partition, offset if offset is not None else OFFSET_BEGINNING)
+                )
         consumer.assign(starts)
         self._joined, self._joined_at = True, time.monotonic()
         self.stats.rebalances += 1
@@ -440,7 +473,9 @@ class HopLoop(Service):
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # The group moved on without us (session expired): nothing may be committed any more;
         # an open transaction is aborted, and the new owners redo what was written.
-        log.warning("%s: lost %d partitions (this member was evicted); dropping what is in flight", self.label, len(partitions))
+        log.warning(
+            "%s: lost %d partitions (this member was evicted); dropping what is in flight", self.label, len(partitions)
+        )
         self._joined = False
         self._abandon()
         with self._state_lock:
@@ -463,9 +498,8 @@ class HopLoop(Service):
             messages = consumer.consume(self.settings.max_batch, self._poll_timeout_ms() / 1000)
             if messages:
                 self._take(messages)
-            with DECIDING:
-                with self._state_lock:
-                    batch, offsets, new_waits = self.parts.decide(self.clock, self._handle, now_s=time.monotonic())
+            with DECIDING, self._state_lock:
+                batch, offsets, new_waits = self.parts.decide(self.clock, self._handle, now_s=time.monotonic())
             self.stats.waits += new_waits
             if batch or offsets:
                 self._emit(batch, offsets)
@@ -499,7 +533,9 @@ class HopLoop(Service):
                 Pending(record.offset, record, awake_at, record_size(record.key, record.value, record.headers)),
             )
         if by_partition and self.before_decide is not None and self._aio is not None:
-            targets = self.handler.targets([e.record for entries in by_partition.values() for e in entries], now=fetched_at)
+            targets = self.handler.targets(
+                [e.record for entries in by_partition.values() for e in entries], now=fetched_at
+            )
             if targets:
                 asyncio.run_coroutine_threadsafe(self.before_decide(targets), self._aio).result(timeout=60)
         with self._state_lock:
@@ -516,8 +552,15 @@ class HopLoop(Service):
             return None  # absent or malformed: the handler decides (and dead-letters the malformed)
         awake = credible_awake_at(int(raw), fetched_at, self.max_wait_ms)
         if awake is None:
-            log.warning("%s: %s/%d/%d has awakeAt %s, beyond its topic's %d ms; re-planned now",
-                        self.label, record.topic, record.partition, record.offset, raw.decode(), self.max_wait_ms)
+            log.warning(
+                "%s: %s/%d/%d has awakeAt %s, beyond its topic's %d ms; re-planned now",
+                self.label,
+                record.topic,
+                record.partition,
+                record.offset,
+                raw.decode(),
+                self.max_wait_ms,
+            )
         return awake
 
     def _handle(self, key: PartitionKey, entry: Pending, now: int) -> Wait | list[Output]:
@@ -551,7 +594,13 @@ class HopLoop(Service):
             log.error(
                 "%s: ALARM %s/%d: committed position %d is no longer in the log (it starts at %d): %d records were "
                 "deleted by retention before they were forwarded; check the retention of %s and the consumer lag",
-                self.label, key[0], key[1], position, low, lost, key[0],
+                self.label,
+                key[0],
+                key[1],
+                position,
+                low,
+                lost,
+                key[0],
             )
         # librdkafka leaves a partition whose reset failed in an error state that refuses seeks:
         # assign every served partition again, this one from the start of its log, the others
@@ -561,11 +610,18 @@ class HopLoop(Service):
                 self.parts.adopt(key, None, None, now_s=time.monotonic())
             positions = self.parts.rewind(list(self.parts.parts), now_s=time.monotonic())
         self._pending_seeks.clear()
-        consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING if position is None else position) for (t, p), position in positions.items()])
+        consumer.assign(
+            [
+                TopicPartition(t, p, OFFSET_BEGINNING if position is None else position)
+                for (t, p), position in positions.items()
+            ]
+        )
 
     # -- writing --------------------------------------------------------------------------------------
 
-    def _emit(self, batch: list[tuple[PartitionKey, Pending, list[Output]]], offsets: dict[PartitionKey, tuple[int, str]]) -> None:
+    def _emit(
+        self, batch: list[tuple[PartitionKey, Pending, list[Output]]], offsets: dict[PartitionKey, tuple[int, str]]
+    ) -> None:
         """Hand a batch's writes to librdkafka; they are settled (committed) in order later."""
         producer = self._producer
         assert producer is not None
@@ -581,12 +637,24 @@ class HopLoop(Service):
                 if output.topic is None:  # cancelled: nothing to write but its audit event
                     self._account(written, output, None)
                 else:
-                    self._produce(written, output.topic, output.value, output.key, output.headers,
-                                  partial(self._acked, written, key, entry, output))
+                    self._produce(
+                        written,
+                        output.topic,
+                        output.value,
+                        output.key,
+                        output.headers,
+                        partial(self._acked, written, key, entry, output),
+                    )
 
-    def _produce(self, batch: _Batch, topic: str, value: bytes | None, key: bytes | None,
-                 headers: OutputHeaders | None,
-                 on_delivery: Callable[[KafkaError | None, Message | None], None]) -> None:
+    def _produce(
+        self,
+        batch: _Batch,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: OutputHeaders | None,
+        on_delivery: Callable[[KafkaError | None, Message | None], None],
+    ) -> None:
         producer = self._producer
         assert producer is not None
         batch.pending += 1
@@ -603,8 +671,15 @@ class HopLoop(Service):
                 on_delivery(exc.args[0], None)
                 return
 
-    def _acked(self, batch: _Batch, key: PartitionKey, entry: Pending, output: Output,
-               error: KafkaError | None, message: Message | None) -> None:
+    def _acked(
+        self,
+        batch: _Batch,
+        key: PartitionKey,
+        entry: Pending,
+        output: Output,
+        error: KafkaError | None,
+        message: Message | None,
+    ) -> None:
         batch.pending -= 1
         if batch.error is not None:
             return
@@ -626,7 +701,9 @@ class HopLoop(Service):
             return
         with DECIDING:
             self._count(audit)
-        if (self.audit_topic or self.states_topic) and published(audit, entering=self.ingress, every_hop=self.settings.audit_hops):
+        if (self.audit_topic or self.states_topic) and published(
+            audit, entering=self.ingress, every_hop=self.settings.audit_hops
+        ):
             encoded, record_id = audit.encode(*(where or (None, None, None))), audit.record_id.encode()
             for topic in (self.audit_topic, self.states_topic):
                 if topic:
@@ -637,7 +714,9 @@ class HopLoop(Service):
         if error is not None and batch.error is None:
             batch.error = error
 
-    def _write_failed(self, batch: _Batch, key: PartitionKey, entry: Pending, output: Output, error: KafkaError) -> None:
+    def _write_failed(
+        self, batch: _Batch, key: PartitionKey, entry: Pending, output: Output, error: KafkaError
+    ) -> None:
         """A write the broker refuses for good goes to the dead letters (without its value if
         even that is refused), pointing at the consumed record; anything that may succeed later
         fails the batch, which is written again from its partitions' commits."""
@@ -766,7 +845,11 @@ class HopLoop(Service):
         with self._state_lock:
             ready = self.parts.ready(self.clock())
         open_s = time.monotonic() - self._txn_open_since
-        if (idle and not ready) or open_s * 1000 >= self.settings.commit_interval or len(self._in_flight) >= MAX_IN_FLIGHT_BATCHES:
+        if (
+            (idle and not ready)
+            or open_s * 1000 >= self.settings.commit_interval
+            or len(self._in_flight) >= MAX_IN_FLIGHT_BATCHES
+        ):
             self._commit_transaction()
 
     def _commit_transaction(self) -> None:
@@ -795,7 +878,8 @@ class HopLoop(Service):
             if offsets:
                 producer.send_offsets_to_transaction(
                     [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()],
-                    consumer.consumer_group_metadata(), timeout_s,
+                    consumer.consumer_group_metadata(),
+                    timeout_s,
                 )
             producer.commit_transaction(timeout_s)
         except (KafkaException, _Fenced) as exc:
@@ -812,7 +896,11 @@ class HopLoop(Service):
     def _abort(self, batches: list[_Batch], failed: _Batch | None, exc: Exception) -> None:
         producer = self._producer
         assert producer is not None
-        error = exc.args[0] if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError) else None
+        error = (
+            exc.args[0]
+            if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError)
+            else None
+        )
         if error is not None and error.fatal():
             raise exc
         if error is not None and error.code() == KafkaError._TIMED_OUT:
@@ -823,7 +911,12 @@ class HopLoop(Service):
         if failed is not None and failed.refused is not None:
             key, offset, verdict = failed.refused
             self._refused[(key, offset)] = verdict
-        log.warning("%s: transaction aborted (%s); rewinding its partitions%s", self.label, exc, " (a rebalance follows)" if fenced else "")
+        log.warning(
+            "%s: transaction aborted (%s); rewinding its partitions%s",
+            self.label,
+            exc,
+            " (a rebalance follows)" if fenced else "",
+        )
         producer.abort_transaction(self.settings.emit_timeout / 1000)
         self._rewind(set().union(*(b.partitions for b in batches)))
 
@@ -857,7 +950,9 @@ class HopLoop(Service):
         consumer = self._consumer
         assert consumer is not None
         with self._state_lock:
-            want = self.parts.wanted_pauses(self.clock(), max_records=2 * self.settings.max_batch, max_bytes=self.settings.max_queued_bytes)
+            want = self.parts.wanted_pauses(
+                self.clock(), max_records=2 * self.settings.max_batch, max_bytes=self.settings.max_queued_bytes
+            )
             pause, resume = want - self.parts.paused, self.parts.paused - want
             self.parts.paused = want
         if pause:
@@ -922,7 +1017,9 @@ class HopLoop(Service):
             if why:
                 self.stats.stalls += 1
                 stalled.add(key)
-                log.warning("%s: partition %s made no progress for %.0f s: %s; recovering", self.label, key, threshold_s, why)
+                log.warning(
+                    "%s: partition %s made no progress for %.0f s: %s; recovering", self.label, key, threshold_s, why
+                )
         if stalled:
             again = {key for key in stalled if now_s - self._recently_stalled.get(key, -1e9) < 3 * threshold_s}
             if again:

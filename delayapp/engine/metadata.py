@@ -9,7 +9,8 @@ unknown and is dead-lettered, on every broker.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from aiokafka.protocol import metadata as _metadata
 

@@ -23,18 +23,41 @@ class EngineMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.lateness = Histogram(
-            "delayapp_lateness_seconds", "delivery time minus due time, per delivering loop",
-            ["loop"], buckets=LATENESS_BUCKETS_S, registry=r,
+            "delayapp_lateness_seconds",
+            "delivery time minus due time, per delivering loop",
+            ["loop"],
+            buckets=LATENESS_BUCKETS_S,
+            registry=r,
         )
-        self.hops = Histogram("delayapp_hops_per_record", "hops a record took before delivery", buckets=HOP_BUCKETS, registry=r)
-        self.deliveries = Counter("delayapp_deliveries", "records delivered, per target topic and lane", ["target", "lane"], registry=r)
-        self.dead_letters = Counter("delayapp_dead_letters", "records dead-lettered, per reason", ["reason"], registry=r)
+        self.hops = Histogram(
+            "delayapp_hops_per_record", "hops a record took before delivery", buckets=HOP_BUCKETS, registry=r
+        )
+        self.deliveries = Counter(
+            "delayapp_deliveries", "records delivered, per target topic and lane", ["target", "lane"], registry=r
+        )
+        self.dead_letters = Counter(
+            "delayapp_dead_letters", "records dead-lettered, per reason", ["reason"], registry=r
+        )
         self.retries = Counter("delayapp_retries", "records admitted with timeRetried > 0 (retries)", registry=r)
-        self.hop_writes = Counter("delayapp_hop_writes", "records written to a delay topic, per loop", ["loop"], registry=r)
+        self.hop_writes = Counter(
+            "delayapp_hop_writes", "records written to a delay topic, per loop", ["loop"], registry=r
+        )
         self.cancelled = Counter("delayapp_cancelled", "records dropped because they were cancelled", registry=r)
-        self.throttled = Counter("delayapp_throttled", "deliveries that waited for a slot under a rate limit, per target", ["target"], registry=r)
-        self.pending = Gauge("delayapp_pending_records", "records not yet processed (consumer lag), per delayapp topic", ["topic"], registry=r)
-        self.restarts = Gauge("delayapp_loop_restarts", "times each loop reopened its clients after an error", ["loop"], registry=r)
+        self.throttled = Counter(
+            "delayapp_throttled",
+            "deliveries that waited for a slot under a rate limit, per target",
+            ["target"],
+            registry=r,
+        )
+        self.pending = Gauge(
+            "delayapp_pending_records",
+            "records not yet processed (consumer lag), per delayapp topic",
+            ["topic"],
+            registry=r,
+        )
+        self.restarts = Gauge(
+            "delayapp_loop_restarts", "times each loop reopened its clients after an error", ["loop"], registry=r
+        )
 
     def observe(self, hop_loop: Any, event: Any) -> None:
         """Account for one audit event written by ``hop_loop``."""

@@ -47,7 +47,10 @@ class RecordStatesView(Service):
 
     async def on_start(self) -> None:
         self._consumer = AIOKafkaConsumer(
-            **self.kafka_client_kwargs, group_id=None, enable_auto_commit=False, isolation_level="read_committed",
+            **self.kafka_client_kwargs,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
             fetch_max_wait_ms=200,
         )
         await self._consumer.start()
@@ -84,7 +87,9 @@ class RecordStatesView(Service):
             if partitions:
                 return [TopicPartition(self.topic, p) for p in sorted(partitions)]
             if waited == 30:
-                log.warning("record-states view: topic %s does not exist yet; views answer 503 until it does", self.topic)
+                log.warning(
+                    "record-states view: topic %s does not exist yet; views answer 503 until it does", self.topic
+                )
             waited += 1
             await self.sleep(1.0)
 
@@ -94,7 +99,11 @@ class RecordStatesView(Service):
             for record in records:
                 self.store.apply(record.key, record.value)
         if self.store.malformed > malformed:
-            log.warning("record-states view: %d records on %s were not a record state (ignored)", self.store.malformed - malformed, self.topic)
+            log.warning(
+                "record-states view: %d records on %s were not a record state (ignored)",
+                self.store.malformed - malformed,
+                self.topic,
+            )
 
     @Service.timer(10.0)
     async def _expire(self) -> None:

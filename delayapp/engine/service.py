@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from mode import Service
@@ -81,8 +82,11 @@ class DelayEngine(Service):
         self.policy = build_policy(settings, self.layout)
         self.known_topics = KnownTopics(settings.kafka_client_kwargs())
         self.cancellations = CancelRegistry(
-            topic=self.layout.cancellations, kafka_client_kwargs=settings.kafka_client_kwargs(),
-            keep_ms=settings.max_delay + DAY_MS, loop=self.loop, beacon=self.beacon,
+            topic=self.layout.cancellations,
+            kafka_client_kwargs=settings.kafka_client_kwargs(),
+            keep_ms=settings.max_delay + DAY_MS,
+            loop=self.loop,
+            beacon=self.beacon,
         )
         check = settings.check_target_exists
         self.handler = RecordHandler(
@@ -118,23 +122,40 @@ class DelayEngine(Service):
         await self.known_topics.refresh()
         await self._probe_clock()
         if self.clock.measured:
-            log.info("broker clock: measured (worker clock %+d ms against the broker's); due times are guarded by both", self.clock.skew_ms())
+            log.info(
+                "broker clock: measured (worker clock %+d ms against the broker's); due times are guarded by both",
+                self.clock.skew_ms(),
+            )
         else:
-            log.warning("broker clock: NOT measured (the broker does not stamp LogAppendTime on %s); due times use this worker's clock alone", self.layout.clock)
+            log.warning(
+                "broker clock: NOT measured (the broker does not stamp LogAppendTime on %s); due times use this worker's clock alone",
+                self.layout.clock,
+            )
         # Loops start only once every cancellation already written is known.
         await self.add_runtime_dependency(self.cancellations)
         await asyncio.wait_for(self.cancellations.caught_up.wait(), timeout=120)
         audit, states = (self.layout.audit, self.layout.record_states) if s.audit_enabled else (None, None)
         common: dict[str, Any] = dict(  # the keyword arguments every HopLoop gets (see ExtraLoops)
-            handler=self.handler, settings=s, audit_topic=audit, states_topic=states, observer=self.metrics.observe, clock=self.clock,
-            loop=self.loop, beacon=self.beacon,
+            handler=self.handler,
+            settings=s,
+            audit_topic=audit,
+            states_topic=states,
+            observer=self.metrics.observe,
+            clock=self.clock,
+            loop=self.loop,
+            beacon=self.beacon,
         )
-        router = HopLoop(name="router", topic=self.layout.ingress, group_id=f"{s.app_id}.router", ingress=True, **common)
+        router = HopLoop(
+            name="router", topic=self.layout.ingress, group_id=f"{s.app_id}.router", ingress=True, **common
+        )
         self.loops = [router] + [
             HopLoop(
-                name=f"delay-{self.settings.ladder.label(d)}", topic=topic,
+                name=f"delay-{self.settings.ladder.label(d)}",
+                topic=topic,
                 priority_topic=self.layout.priority_topics[d] if s.priority_lane else None,
-                group_id=f"{s.app_id}.{topic.removeprefix(s.topic_prefix + '.')}", max_wait_ms=d, **common,
+                group_id=f"{s.app_id}.{topic.removeprefix(s.topic_prefix + '.')}",
+                max_wait_ms=d,
+                **common,
             )
             for d, topic in self.layout.delay_topics.items()
         ]
@@ -147,7 +168,9 @@ class DelayEngine(Service):
             await self.add_runtime_dependency(hop_loop)
         log.info(
             "delay engine started: ladder %s, guarantee %s, topics %s",
-            s.ladder, s.processing_guarantee.value, ", ".join(self.layout.all_topics),
+            s.ladder,
+            s.processing_guarantee.value,
+            ", ".join(self.layout.all_topics),
         )
 
     async def on_stop(self) -> None:
@@ -167,27 +190,41 @@ class DelayEngine(Service):
             log.debug("clock probe failed: %s", exc)
             return
         skew = self.clock.skew_ms()
-        if skew is not None and abs(skew) > SKEW_WARNING_MS and time.monotonic() - self._skew_warned_at >= SKEW_WARNING_EVERY_S:
+        if (
+            skew is not None
+            and abs(skew) > SKEW_WARNING_MS
+            and time.monotonic() - self._skew_warned_at >= SKEW_WARNING_EVERY_S
+        ):
             self._skew_warned_at = time.monotonic()
             log.warning(
-                "this worker's clock is %d ms %s the broker's: %s", abs(skew), "ahead of" if skew > 0 else "behind",
-                "due times follow the broker's clock (never early)" if skew > 0 else "records are released late by as much; check NTP",
+                "this worker's clock is %d ms %s the broker's: %s",
+                abs(skew),
+                "ahead of" if skew > 0 else "behind",
+                "due times follow the broker's clock (never early)"
+                if skew > 0
+                else "records are released late by as much; check NTP",
             )
 
     async def _probe_clock(self) -> None:
         """Write one record to the clock topic; its broker stamp bounds the broker's clock from below."""
         if self._clock_producer is None:
-            producer = AIOKafkaProducer(**self.settings.kafka_client_kwargs(), acks=1, client_id=f"{self.settings.app_id}-clock")
+            producer = AIOKafkaProducer(
+                **self.settings.kafka_client_kwargs(), acks=1, client_id=f"{self.settings.app_id}-clock"
+            )
             await producer.start()
             self._clock_producer = producer
-        sent = await self._clock_producer.send_and_wait(self.layout.clock, b"", key=self.settings.worker_instance_id.encode())
+        sent = await self._clock_producer.send_and_wait(
+            self.layout.clock, b"", key=self.settings.worker_instance_id.encode()
+        )
         if sent.timestamp_type == 1:  # LogAppendTime: stamped by the broker
             self.clock.observe(sent.timestamp, monotonic_ms())
 
     async def api_producer(self) -> AIOKafkaProducer:
         """The producer of the HTTP API's schedule and cancel, started on first use."""
         if self._producer is None:
-            producer = AIOKafkaProducer(**self.settings.kafka_client_kwargs(), acks="all", client_id=f"{self.settings.app_id}-api")
+            producer = AIOKafkaProducer(
+                **self.settings.kafka_client_kwargs(), acks="all", client_id=f"{self.settings.app_id}-api"
+            )
             await producer.start()
             self._producer = producer
         return self._producer
@@ -195,7 +232,11 @@ class DelayEngine(Service):
     def stats(self) -> dict[str, Any]:
         """The body of ``GET /delay/stats`` for this worker."""
         return engine_figures(
-            self.loops, self.lag, now_ms=now_ms(), window_ms=self.settings.stats_window, worker=self.settings.worker_instance_id
+            self.loops,
+            self.lag,
+            now_ms=now_ms(),
+            window_ms=self.settings.stats_window,
+            worker=self.settings.worker_instance_id,
         )
 
     @Service.timer(LAG_SAMPLE_S)
@@ -210,5 +251,3 @@ class DelayEngine(Service):
             await self._lag_sampler.close()
             return
         self.metrics.set_pending(self.lag, {lp.name: lp.stats.restarts for lp in self.loops})
-
-

@@ -7,7 +7,8 @@ offsets); oldest due times, throughput and lateness are this worker's, over a re
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from delayapp.core.audit import RecordStatus
 
@@ -56,16 +57,26 @@ def loop_figures(hop_loop: Any, lag: dict[str, int], *, now_ms: int, window_ms: 
         "partitions_waiting": sum(1 for t in due_times if t > now_ms),
         **window_figures(list(stats.recent), now_ms=now_ms, window_ms=window_ms),
         "totals": {
-            "consumed": stats.consumed, "hops": stats.hops, "delivered": stats.delivered,
-            "dead_lettered": stats.dead_lettered, "cancelled": stats.cancelled, "throttled": stats.throttled,
-            "rebalances": stats.rebalances, "restarts": stats.restarts, "stalls": stats.stalls, "rewinds": stats.rewinds, "fenced": stats.fenced,
+            "consumed": stats.consumed,
+            "hops": stats.hops,
+            "delivered": stats.delivered,
+            "dead_lettered": stats.dead_lettered,
+            "cancelled": stats.cancelled,
+            "throttled": stats.throttled,
+            "rebalances": stats.rebalances,
+            "restarts": stats.restarts,
+            "stalls": stats.stalls,
+            "rewinds": stats.rewinds,
+            "fenced": stats.fenced,
             # records retention deleted before they were forwarded: must stay 0 (an alarm)
             "skipped_by_retention": stats.skipped_by_retention,
         },
     }
 
 
-def engine_figures(loops: Sequence[Any], lag: dict[str, int], *, now_ms: int, window_ms: int, worker: str) -> dict[str, Any]:
+def engine_figures(
+    loops: Sequence[Any], lag: dict[str, int], *, now_ms: int, window_ms: int, worker: str
+) -> dict[str, Any]:
     """The whole ``/delay/stats`` body."""
     by_target: dict[str, int] = {}
     by_reason: dict[str, int] = {}

@@ -23,17 +23,22 @@ from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
 
+
 def configured_topic_specs(settings: Settings, layout: TopicLayout) -> list[TopicSpec]:
     """:func:`topic_specs` with this deployment's settings (what a worker creates and checks)."""
     return topic_specs(
-        layout, partitions=settings.partitions, margin_ms=settings.retention_margin,
-        dead_letter_retention_ms=settings.dead_letter_retention, max_delay_ms=settings.max_delay,
+        layout,
+        partitions=settings.partitions,
+        margin_ms=settings.retention_margin,
+        dead_letter_retention_ms=settings.dead_letter_retention,
+        max_delay_ms=settings.max_delay,
         record_state_ttl_ms=settings.record_state_ttl,
     )
 
 
-
-async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec], *, create: bool, replication_factor: int, margin_ms: int) -> list[str]:
+async def ensure_topics(
+    admin: AIOKafkaAdminClient, specs: list[TopicSpec], *, create: bool, replication_factor: int, margin_ms: int
+) -> list[str]:
     """Create missing topics (when allowed), then refuse a layout whose retention is too short.
 
     Returns the names created. Raises :class:`TopicLayoutError` listing every problem; logs a
@@ -43,19 +48,20 @@ async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec], *, c
     existing = set(await admin.list_topics())
     missing = [s for s in specs if s.name not in existing]
     if missing and not create:
-        raise TopicLayoutError("missing topics (create them or set DELAYAPP_CREATE_TOPICS=true): " + ", ".join(s.name for s in missing))
+        raise TopicLayoutError(
+            "missing topics (create them or set DELAYAPP_CREATE_TOPICS=true): " + ", ".join(s.name for s in missing)
+        )
     if missing:
-        new = [
-            NewTopic(s.name, s.partitions, replication_factor, topic_configs=topic_configs(s))
-            for s in missing
-        ]
+        new = [NewTopic(s.name, s.partitions, replication_factor, topic_configs=topic_configs(s)) for s in missing]
         response = await admin.create_topics(new)
         for name, code, *_ in getattr(response, "topic_errors", []) or getattr(response, "topics", []):
             if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (another worker won the race)
                 raise TopicLayoutError(f"could not create topic {name}: error code {code}")
         log.info("created topics: %s", ", ".join(s.name for s in missing))
     try:
-        configs = await describetopic_configs(admin, [s.name for s in specs], ["retention.ms", CLEANUP_POLICY, TIMESTAMP_TYPE])
+        configs = await describetopic_configs(
+            admin, [s.name for s in specs], ["retention.ms", CLEANUP_POLICY, TIMESTAMP_TYPE]
+        )
     except KafkaError as exc:
         # Tansu closes the connection on DescribeConfigs (and applies no retention at all).
         log.warning(
@@ -67,13 +73,17 @@ async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec], *, c
     policies = {name: c[CLEANUP_POLICY] for name, c in configs.items() if CLEANUP_POLICY in c}
     problems = retention_problems(specs, actual, margin_ms, policies)
     if problems:
-        raise TopicLayoutError("refusing to start, records could be deleted before they are due:\n  " + "\n  ".join(problems))
+        raise TopicLayoutError(
+            "refusing to start, records could be deleted before they are due:\n  " + "\n  ".join(problems)
+        )
     for warning in config_warnings(specs, configs):
         log.warning("%s", warning)
     return [s.name for s in missing]
 
 
-async def describetopic_configs(admin: AIOKafkaAdminClient, names: list[str], keys: list[str]) -> dict[str, dict[str, str]]:
+async def describetopic_configs(
+    admin: AIOKafkaAdminClient, names: list[str], keys: list[str]
+) -> dict[str, dict[str, str]]:
     """The configs ``keys`` of each topic, as the broker reports them (absent if unreported)."""
     resources = [ConfigResource(ConfigResourceType.TOPIC, name, configs={key: None for key in keys}) for name in names]
     out: dict[str, dict[str, str]] = {}

@@ -96,7 +96,12 @@ class RecordStates(RecordStatesView):
     """This worker's view of the ``record-states`` topic (web views read it)."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(topic=layout.record_states, kafka_client_kwargs=settings.kafka_client_kwargs(), ttl_ms=settings.record_state_ttl, **kwargs)
+        super().__init__(
+            topic=layout.record_states,
+            kafka_client_kwargs=settings.kafka_client_kwargs(),
+            ttl_ms=settings.record_state_ttl,
+            **kwargs,
+        )
         app.record_states = self
 
 

@@ -8,8 +8,9 @@ an unknown record, a broker error), 2 bad input.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Any, Iterator, NoReturn
+from typing import IO, Any, NoReturn
 
 import click
 import orjson
@@ -77,31 +78,49 @@ def _read_value(value: str | None, value_file: IO[bytes] | None) -> bytes:
     option("--target", required=True, help="topic to deliver to (reactivateToTopic)"),
     option("--key", default=None, help="record key (UTF-8); none by default"),
     option("--value", default=None, help="record value (UTF-8)"),
-    option("--value-file", type=click.File("rb"), default=None, help="read the value from this file, - for standard input"),
+    option(
+        "--value-file", type=click.File("rb"), default=None, help="read the value from this file, - for standard input"
+    ),
     option("--delay", default=None, help="deliver after this long, e.g. 90s, 1h19m"),
     option("--at", default=None, help="deliver at this time: epoch ms or ISO-8601 (UTC if no zone)"),
     option("--header", "headers", multiple=True, help="extra header name=value (repeatable; kept at the target)"),
     option("--record-id", default=None, help="stable logical id (default: the router derives one)"),
     option("--valid-at", default=None, help="never deliver before: epoch ms, ISO-8601 or a duration from now"),
-    option("--expire-at", default=None, help="dead-letter if not delivered by: epoch ms, ISO-8601 or a duration from now"),
+    option(
+        "--expire-at", default=None, help="dead-letter if not delivered by: epoch ms, ISO-8601 or a duration from now"
+    ),
     option("--priority", is_flag=True, default=False, help="the priority lane (header delayPriority: high)"),
 )
 async def schedule(
-    self: Any, target: str, key: str | None, value: str | None, value_file: IO[bytes] | None, delay: str | None,
-    at: str | None, headers: tuple[str, ...], record_id: str | None, valid_at: str | None, expire_at: str | None, priority: bool,
+    self: Any,
+    target: str,
+    key: str | None,
+    value: str | None,
+    value_file: IO[bytes] | None,
+    delay: str | None,
+    at: str | None,
+    headers: tuple[str, ...],
+    record_id: str | None,
+    valid_at: str | None,
+    expire_at: str | None,
+    priority: bool,
 ) -> None:
     """Hand one record to delayapp: it is delivered to --target after --delay or at --at."""
     with _exit_codes():
         now = now_ms()
         done = await schedule_record(
-            settings, layout, target=target, value=_read_value(value, value_file),
+            settings,
+            layout,
+            target=target,
+            value=_read_value(value, value_file),
             key=key.encode() if key is not None else None,
             delay_ms=parse_duration(delay) if delay is not None else None,
             at_ms=parse_instant(at, now_ms=now) if at is not None else None,
             record_id=record_id,
             valid_at_ms=parse_instant(valid_at, now_ms=now, relative=FROM_NOW) if valid_at else None,
             expire_at_ms=parse_instant(expire_at, now_ms=now, relative=FROM_NOW) if expire_at else None,
-            priority=priority, headers=[_header(text) for text in headers],
+            priority=priority,
+            headers=[_header(text) for text in headers],
         )
     now = now_ms()
     assigned = "  (assigned by the router from where the record entered)" if done.record_id_assigned else ""
@@ -120,11 +139,14 @@ async def plan(self: Any, delay: str) -> None:
     planner = Planner(settings.ladder)
     self.say(f"ladder {settings.ladder} (DELAYAPP_DENOMINATIONS), max delay {format_duration(settings.max_delay)}")
     self.say(render.plan_text(delay_ms, planner.plan(delay_ms)))
-    self.say(f"worst case: at most {planner.worst_case_hops(settings.max_delay)} hops for any delay up to {format_duration(settings.max_delay)}")
+    self.say(
+        f"worst case: at most {planner.worst_case_hops(settings.max_delay)} hops for any delay up to {format_duration(settings.max_delay)}"
+    )
     if delay_ms > settings.max_delay:
         _fail(
             f"{format_duration(delay_ms)} is beyond the maximum delay of {format_duration(settings.max_delay)} "
-            "(DELAYAPP_MAX_DELAY): the router dead-letters it (delay-too-long)", EXIT_FAILED,
+            "(DELAYAPP_MAX_DELAY): the router dead-letters it (delay-too-long)",
+            EXIT_FAILED,
         )
 
 
@@ -151,7 +173,10 @@ async def topics(self: Any, action: str) -> None:
         report = await check_topics(settings, layout)
     rows = [
         (
-            t.name, "yes" if t.exists else "MISSING", t.partitions, _retention_cell(t, report.retention_reported),
+            t.name,
+            "yes" if t.exists else "MISSING",
+            t.partitions,
+            _retention_cell(t, report.retention_reported),
             "-" if t.required_retention_ms is None else format_duration(t.required_retention_ms),
             "ok" if t.ok else ("TOO SHORT" if t.exists else "MISSING"),
         )
@@ -163,8 +188,11 @@ async def topics(self: Any, action: str) -> None:
     missing = sum(not t.exists for t in report.topics)
     short = sum(t.retention_too_short for t in report.topics)
     if missing or short:
-        _fail(f"{missing} of {len(report.topics)} topics missing (faust -A delayapp topics create), "
-              f"{short} keeping records too briefly (raise retention.ms)", EXIT_FAILED)
+        _fail(
+            f"{missing} of {len(report.topics)} topics missing (faust -A delayapp topics create), "
+            f"{short} keeping records too briefly (raise retention.ms)",
+            EXIT_FAILED,
+        )
     self.say(f"all {len(report.topics)} topics ok")
 
 
@@ -182,7 +210,8 @@ async def status(self: Any, record_id: str, url: str | None) -> None:
 def _selection(reasons: tuple[str, ...], target: str | None, since: str | None, until: str | None) -> ReplayFilter:
     now = now_ms()
     return ReplayFilter(
-        reasons=frozenset(reasons), target_pattern=target,
+        reasons=frozenset(reasons),
+        target_pattern=target,
         since_ms=parse_instant(since, now_ms=now, relative=AGO) if since else None,
         until_ms=parse_instant(until, now_ms=now, relative=AGO) if until else None,
     )
@@ -191,8 +220,13 @@ def _selection(reasons: tuple[str, ...], target: str | None, since: str | None, 
 def _dead_letter_rows(scan: DeadLetterScan) -> list[tuple[Any, ...]]:
     return [
         (
-            f"{d.record.partition}/{d.record.offset}", format_instant(d.info.at_ms), d.info.reason, d.info.target, d.info.record_id,
-            "yes" if scan.replayed(d) is not None else "no", render.truncate(d.info.detail, DETAIL_WIDTH),
+            f"{d.record.partition}/{d.record.offset}",
+            format_instant(d.info.at_ms),
+            d.info.reason,
+            d.info.target,
+            d.info.record_id,
+            "yes" if scan.replayed(d) is not None else "no",
+            render.truncate(d.info.detail, DETAIL_WIDTH),
         )
         for d in scan.selected
     ]
@@ -201,15 +235,28 @@ def _dead_letter_rows(scan: DeadLetterScan) -> list[tuple[Any, ...]]:
 def _dead_letter_json(scan: DeadLetterScan, dead: DeadLetter) -> dict[str, Any]:
     info = dead.info
     return {
-        "topic": dead.record.topic, "partition": dead.record.partition, "offset": dead.record.offset, "dead_letter_at": info.at_ms,
-        "reason": info.reason, "detail": info.detail, "origin": info.origin, "target": info.target,
-        "record_id": info.record_id, "replayed": scan.replayed(dead),
+        "topic": dead.record.topic,
+        "partition": dead.record.partition,
+        "offset": dead.record.offset,
+        "dead_letter_at": info.at_ms,
+        "reason": info.reason,
+        "detail": info.detail,
+        "origin": info.origin,
+        "target": info.target,
+        "record_id": info.record_id,
+        "replayed": scan.replayed(dead),
     }
 
 
 @app.command(
     argument("action", type=click.Choice(["list", "replay"])),
-    option("--reason", "reasons", multiple=True, type=click.Choice([r.value for r in Reason]), help="only this deadLetterReason (repeatable)"),
+    option(
+        "--reason",
+        "reasons",
+        multiple=True,
+        type=click.Choice([r.value for r in Reason]),
+        help="only this deadLetterReason (repeatable)",
+    ),
     option("--target", default=None, help="only targets matching this shell pattern, e.g. 'orders.*'"),
     option("--since", default=None, help="dead-lettered at or after: epoch ms, ISO-8601 or a duration ago (1h)"),
     option("--until", default=None, help="dead-lettered before: epoch ms, ISO-8601 or a duration ago"),
@@ -218,8 +265,15 @@ def _dead_letter_json(scan: DeadLetterScan, dead: DeadLetter) -> dict[str, Any]:
     option("--dry-run", is_flag=True, default=False, help="replay: say what would be replayed, send nothing"),
 )
 async def dlq(
-    self: Any, action: str, reasons: tuple[str, ...], target: str | None, since: str | None, until: str | None,
-    limit: int | None, delay: str | None, dry_run: bool,
+    self: Any,
+    action: str,
+    reasons: tuple[str, ...],
+    target: str | None,
+    since: str | None,
+    until: str | None,
+    limit: int | None,
+    delay: str | None,
+    dry_run: bool,
 ) -> None:
     """list: show dead letters (faust --json: as JSON); replay: send them back to the ingress topic, each at most once."""
     with _exit_codes():
@@ -234,7 +288,12 @@ async def dlq(
         self.say(orjson.dumps([_dead_letter_json(scan, d) for d in scan.selected]).decode())
         return
     if action == "list":
-        self.say(render.table(("PARTITION/OFFSET", "DEAD-LETTERED AT", "REASON", "TARGET", "RECORD ID", "REPLAYED", "DETAIL"), _dead_letter_rows(scan)))
+        self.say(
+            render.table(
+                ("PARTITION/OFFSET", "DEAD-LETTERED AT", "REASON", "TARGET", "RECORD ID", "REPLAYED", "DETAIL"),
+                _dead_letter_rows(scan),
+            )
+        )
         more = " (more match: raise --limit)" if scan.truncated else ""
         self.say(f"{len(scan.selected)} dead letters shown{more}; {scan.scanned} read from {layout.dead_letter}")
         return
@@ -250,8 +309,14 @@ async def _replay(selection: ReplayFilter, delay_ms: int | None, dry_run: bool, 
 
     try:
         return await replay_dead_letters(
-            settings, layout, selection, delay_ms=delay_ms, dry_run=dry_run, limit=limit,
-            on_start=start, on_progress=lambda n: bar["bar"].update(n),
+            settings,
+            layout,
+            selection,
+            delay_ms=delay_ms,
+            dry_run=dry_run,
+            limit=limit,
+            on_start=start,
+            on_progress=lambda n: bar["bar"].update(n),
         )
     finally:
         if "bar" in bar:
@@ -269,12 +334,16 @@ def _replay_summary(report: ReplayReport) -> list[str]:
         f"unreplayable {len(report.unreplayable)}"
     ]
     lines += _at_most(
-        [f"  {verb} {d.marker_key} -> {where}  (record {d.info.record_id or '-'}, {d.info.reason})" for d, where in report.replayed]
+        [
+            f"  {verb} {d.marker_key} -> {where}  (record {d.info.record_id or '-'}, {d.info.reason})"
+            for d, where in report.replayed
+        ]
     )
     lines += _at_most([f"  unreplayable {d.marker_key}: {why}" for d, why in report.unreplayable])
     if report.replayed and not report.dry_run:
         lines.append(
-            "each record and its marker written in one transaction" if report.transactional else
-            "broker without transactions: each record written first, then its marker (a crash in between replays that one again)"
+            "each record and its marker written in one transaction"
+            if report.transactional
+            else "broker without transactions: each record written first, then its marker (a crash in between replays that one again)"
         )
     return lines

@@ -8,9 +8,10 @@ Charts are SVG drawn here, so the page needs nothing from the internet.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from delayapp.core.audit import RecordStatus
 from delayapp.core.durations import format_duration
@@ -38,7 +39,9 @@ def due_label(lower_ms: int | None, upper_ms: int | None) -> str:
     return f"{format_duration(lower_ms)}-{format_duration(upper_ms)}"
 
 
-def due_histogram(due_times: Iterable[int | None], *, now_ms: int, edges: Sequence[int] = DUE_EDGES) -> list[dict[str, Any]]:
+def due_histogram(
+    due_times: Iterable[int | None], *, now_ms: int, edges: Sequence[int] = DUE_EDGES
+) -> list[dict[str, Any]]:
     """Records waiting, counted by how far ahead they are due: ``[{"label", "count"}]``.
 
     The first bucket holds records already due (or with no due time), the last those due
@@ -79,16 +82,27 @@ def lateness_by_target(finals: Iterable[dict[str, Any]], *, now_ms: int, window_
     since = now_ms - window_ms
     late: dict[str, list[int]] = {}
     for state in finals:
-        if state.get("status") != RecordStatus.DELIVERED or (state.get("at") or 0) < since or state.get("lateness_ms") is None:
+        if (
+            state.get("status") != RecordStatus.DELIVERED
+            or (state.get("at") or 0) < since
+            or state.get("lateness_ms") is None
+        ):
             continue
         late.setdefault(str(state.get("target")), []).append(int(state["lateness_ms"]))
-    return {target: {**lateness_figures(values), "per_second": round(len(values) / (window_ms / 1000), 3)} for target, values in sorted(late.items())}
+    return {
+        target: {**lateness_figures(values), "per_second": round(len(values) / (window_ms / 1000), 3)}
+        for target, values in sorted(late.items())
+    }
 
 
 def early_in_window(recent: Iterable[tuple[int, str, int | None]], *, now_ms: int, window_ms: int) -> int:
     """Deliveries before their due time in the window, from ``LoopStats.recent`` entries."""
     since = now_ms - window_ms
-    return sum(1 for at, status, late in recent if at >= since and status == RecordStatus.DELIVERED and late is not None and late < 0)
+    return sum(
+        1
+        for at, status, late in recent
+        if at >= since and status == RecordStatus.DELIVERED and late is not None and late < 0
+    )
 
 
 @dataclass(frozen=True)
@@ -101,7 +115,9 @@ class Head:
     awake_at: int | None
 
 
-def far_heads(heads: Iterable[Head], limits: dict[str, int], *, now_ms: int, slack_ms: int = FAR_SLACK_MS) -> list[dict[str, Any]]:
+def far_heads(
+    heads: Iterable[Head], limits: dict[str, int], *, now_ms: int, slack_ms: int = FAR_SLACK_MS
+) -> list[dict[str, Any]]:
     """Heads waiting longer than their topic ever should: a record there wakes within its
     denomination (``limits[topic]``, ms), so anything beyond it is wedged or mis-stamped."""
     out = []
@@ -111,8 +127,16 @@ def far_heads(heads: Iterable[Head], limits: dict[str, int], *, now_ms: int, sla
             continue
         ahead = head.awake_at - now_ms
         if ahead > limit + slack_ms:
-            out.append({"loop": head.loop, "topic": head.topic, "partition": head.partition, "awake_at": head.awake_at,
-                        "ahead": format_duration(ahead), "limit": format_duration(limit)})
+            out.append(
+                {
+                    "loop": head.loop,
+                    "topic": head.topic,
+                    "partition": head.partition,
+                    "awake_at": head.awake_at,
+                    "ahead": format_duration(ahead),
+                    "limit": format_duration(limit),
+                }
+            )
     return sorted(out, key=lambda f: (f["topic"], f["partition"]))
 
 
@@ -126,15 +150,25 @@ MUST_BE_ZERO = {
 
 
 def alerts(
-    stats: dict[str, Any], *, far: Sequence[dict[str, Any]], early: int, dead_letters_recent: int, view_caught_up: bool,
+    stats: dict[str, Any],
+    *,
+    far: Sequence[dict[str, Any]],
+    early: int,
+    dead_letters_recent: int,
+    view_caught_up: bool,
 ) -> list[dict[str, str]]:
     """What an operator must look at, worst first: ``[{"level": critical|warning|info, "text"}]``."""
     out: list[dict[str, str]] = []
     if early:
         out.append({"level": "critical", "text": f"{early} records delivered BEFORE their due time in the window"})
     for f in far:
-        out.append({"level": "critical", "text": f"{f['topic']}/{f['partition']} waits on a head due in {f['ahead']} "
-                                                 f"(its topic never holds a record longer than {f['limit']})"})
+        out.append(
+            {
+                "level": "critical",
+                "text": f"{f['topic']}/{f['partition']} waits on a head due in {f['ahead']} "
+                f"(its topic never holds a record longer than {f['limit']})",
+            }
+        )
     for name, loop in stats.get("loops", {}).items():
         if not loop.get("running"):
             out.append({"level": "critical", "text": f"loop {name} is not consuming"})
@@ -148,13 +182,19 @@ def alerts(
     if dead_letters_recent:
         out.append({"level": "warning", "text": f"{dead_letters_recent} records dead-lettered in the last hour"})
     if not view_caught_up:
-        out.append({"level": "info", "text": "the record-states view is still reading its topic: lookups may be behind"})
+        out.append(
+            {"level": "info", "text": "the record-states view is still reading its topic: lookups may be behind"}
+        )
     rank = {"critical": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda a: rank[a["level"]])
 
 
 def dead_letter_bins(
-    per_minute: dict[int, dict[str, int]], *, now_ms: int, bins: int = DEAD_LETTER_BINS, span_ms: int = HOUR,
+    per_minute: dict[int, dict[str, int]],
+    *,
+    now_ms: int,
+    bins: int = DEAD_LETTER_BINS,
+    span_ms: int = HOUR,
 ) -> list[dict[str, Any]]:
     """Dead letters per reason over the last ``span_ms`` in ``bins`` equal bins, oldest first;
     ``per_minute`` maps a minute's start (epoch ms) to counts per reason."""
@@ -179,7 +219,9 @@ def bar_chart_svg(bars: Sequence[tuple[str, int]], *, width: int = 460, row: int
     """Horizontal bars with their label and count; every text escaped (topic names come from users)."""
     top = max((v for _, v in bars), default=0) or 1
     span = width - label_width - 60
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{row * max(len(bars), 1) + 4}" role="img">']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{row * max(len(bars), 1) + 4}" role="img">'
+    ]
     for n, (label, value) in enumerate(bars):
         y = n * row + 2
         w = round(span * value / top) if value else 0
@@ -194,15 +236,19 @@ def bar_chart_svg(bars: Sequence[tuple[str, int]], *, width: int = 460, row: int
     return "".join(parts)
 
 
-def stacked_bins_svg(bins: Sequence[dict[str, Any]], reasons: Sequence[str], *, width: int = 460, height: int = 120) -> str:
+def stacked_bins_svg(
+    bins: Sequence[dict[str, Any]], reasons: Sequence[str], *, width: int = 460, height: int = 120
+) -> str:
     """Stacked columns of counts per reason (colours as :func:`reason_colours`), a legend below."""
     colours = reason_colours(reasons)
     top = max((sum(b["counts"].values()) for b in bins), default=0) or 1
     chart = height - 20
     column = width / max(len(bins), 1)
     legend = 16 * ((len(reasons) + 2) // 3)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + legend}" role="img">',
-             f'<line x1="0" y1="{chart}" x2="{width}" y2="{chart}" stroke="#999"/>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + legend}" role="img">',
+        f'<line x1="0" y1="{chart}" x2="{width}" y2="{chart}" stroke="#999"/>',
+    ]
     for n, b in enumerate(bins):
         y = chart
         for reason in reasons:
@@ -211,13 +257,19 @@ def stacked_bins_svg(bins: Sequence[dict[str, Any]], reasons: Sequence[str], *, 
                 continue
             h = chart * count / top
             y -= h
-            parts.append(f'<rect x="{n * column + 2:.1f}" y="{y:.1f}" width="{column - 4:.1f}" height="{h:.1f}" fill="{colours[reason]}">'
-                         f'<title>{escape(reason)}: {count}</title></rect>')
-    parts.append(f'<text x="0" y="{height - 4}" font-size="11">-1h</text><text x="{width}" y="{height - 4}" font-size="11" text-anchor="end">now</text>')
+            parts.append(
+                f'<rect x="{n * column + 2:.1f}" y="{y:.1f}" width="{column - 4:.1f}" height="{h:.1f}" fill="{colours[reason]}">'
+                f"<title>{escape(reason)}: {count}</title></rect>"
+            )
+    parts.append(
+        f'<text x="0" y="{height - 4}" font-size="11">-1h</text><text x="{width}" y="{height - 4}" font-size="11" text-anchor="end">now</text>'
+    )
     for n, reason in enumerate(reasons):
         x, y = (n % 3) * (width / 3), height + 12 + 16 * (n // 3)
-        parts.append(f'<rect x="{x:.0f}" y="{y - 9}" width="10" height="10" fill="{colours[reason]}"/>'
-                     f'<text x="{x + 14:.0f}" y="{y}" font-size="11">{escape(reason)}</text>')
+        parts.append(
+            f'<rect x="{x:.0f}" y="{y - 9}" width="10" height="10" fill="{colours[reason]}"/>'
+            f'<text x="{x + 14:.0f}" y="{y}" font-size="11">{escape(reason)}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -268,8 +320,13 @@ def console_body(
         "worker": stats.get("worker"),
         "window": format_duration(window),
         "write_api": write_api,
-        "alerts": alerts(stats, far=far, early=early, dead_letters_recent=sum(sum(b["counts"].values()) for b in series),
-                         view_caught_up=view_caught_up),
+        "alerts": alerts(
+            stats,
+            far=far,
+            early=early,
+            dead_letters_recent=sum(sum(b["counts"].values()) for b in series),
+            view_caught_up=view_caught_up,
+        ),
         "waiting": {
             "by_due": by_due,
             "by_due_svg": bar_chart_svg([(b["label"], b["count"]) for b in by_due]),
@@ -277,18 +334,24 @@ def console_body(
             "truncated": waiting_truncated,
             "by_topic": by_topic,
             # the chart shows where records are; the table lists every topic, empty ones too
-            "by_topic_svg": bar_chart_svg([(r["topic"], r["pending"]) for r in by_topic if r["pending"]], label_width=200),
+            "by_topic_svg": bar_chart_svg(
+                [(r["topic"], r["pending"]) for r in by_topic if r["pending"]], label_width=200
+            ),
         },
         "delivery": {
             "per_second": delivered_per_second,
             "early": early,
-            "by_loop": {name: {**lp["lateness_ms"], "per_second": lp.get("per_second", {}).get("delivered", 0)}
-                        for name, lp in loops.items()},
+            "by_loop": {
+                name: {**lp["lateness_ms"], "per_second": lp.get("per_second", {}).get("delivered", 0)}
+                for name, lp in loops.items()
+            },
             "by_target": lateness_by_target(finals, now_ms=now_ms, window_ms=window),
             "delivered_total": sum(lp.get("totals", {}).get("delivered", 0) for lp in loops.values()),
         },
-        "loops": {name: {key: lp.get(key) for key in ("running", "topics", "oldest_due_at", "partitions_waiting", "totals")}
-                  for name, lp in loops.items()},
+        "loops": {
+            name: {key: lp.get(key) for key in ("running", "topics", "oldest_due_at", "partitions_waiting", "totals")}
+            for name, lp in loops.items()
+        },
         "far_heads": far,
         "dead_letters": {
             "ready": dead.get("ready", False),
@@ -325,8 +388,17 @@ class DeadLetterSummary:
             minute = at - at % MINUTE
             counts = self.per_minute.setdefault(minute, {})
             counts[reason] = counts.get(reason, 0) + 1
-        self._latest.append({"key": key, "at": at, "reason": reason, "detail": info.detail, "target": info.target,
-                             "record_id": info.record_id, "replayable": not info.value_dropped})
+        self._latest.append(
+            {
+                "key": key,
+                "at": at,
+                "reason": reason,
+                "detail": info.detail,
+                "target": info.target,
+                "record_id": info.record_id,
+                "replayable": not info.value_dropped,
+            }
+        )
         if len(self._latest) > 2 * self._latest_size:
             self._latest = self.latest_entries()
 
@@ -346,4 +418,10 @@ class DeadLetterSummary:
         for minute in [m for m in self.per_minute if m < now_ms - self.keep_ms]:
             del self.per_minute[minute]
         latest = [{**d, "replayed": self.markers.get(d["key"])} for d in self.latest_entries()]
-        return {"ready": ready, "read": self.read, "by_reason": dict(self.by_reason), "per_minute": dict(self.per_minute), "latest": latest}
+        return {
+            "ready": ready,
+            "read": self.read,
+            "by_reason": dict(self.by_reason),
+            "per_minute": dict(self.per_minute),
+            "latest": latest,
+        }

@@ -61,8 +61,12 @@ class DeadLetterTail(Service):
 
     async def _read(self) -> None:
         consumer = AIOKafkaConsumer(
-            **self.settings.kafka_client_kwargs(), group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-            isolation_level="read_committed", fetch_max_wait_ms=200,
+            **self.settings.kafka_client_kwargs(),
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            fetch_max_wait_ms=200,
         )
         await consumer.start()
         try:
@@ -96,8 +100,12 @@ class DeadLetterTail(Service):
             self.summary.mark(key, marker)
             return
         headers = [(name, b"" if raw is None else bytes(raw)) for name, raw in record.headers or ()]
-        self.summary.add(replay_key(record.topic, record.partition, record.offset), dead_letter_info(headers),
-                         timestamp_ms=record.timestamp, now_ms=now_ms())
+        self.summary.add(
+            replay_key(record.topic, record.partition, record.offset),
+            dead_letter_info(headers),
+            timestamp_ms=record.timestamp,
+            now_ms=now_ms(),
+        )
 
 
 def head_limits(settings: Settings, layout: TopicLayout) -> dict[str, int]:
@@ -133,10 +141,16 @@ class ConsoleFeed:
         if tail is not None:
             tail.want()
         store = states.store if states is not None else None
-        waiting = [s for s in store.waiting(WAITING_LIMIT + 1) if not _cancelled(engine, s)] if store is not None else []
+        waiting = (
+            [s for s in store.waiting(WAITING_LIMIT + 1) if not _cancelled(engine, s)] if store is not None else []
+        )
         body = console_body(
             stats=engine.stats(),
-            heads=[Head(lp.name, topic, partition, awake) for lp in engine.loops for (topic, partition), awake in lp.pending_heads().items()],
+            heads=[
+                Head(lp.name, topic, partition, awake)
+                for lp in engine.loops
+                for (topic, partition), awake in lp.pending_heads().items()
+            ],
             limits=head_limits(self.settings, self.layout),
             waiting_due=[s.get("reactivate_at") for s in waiting[:WAITING_LIMIT]],
             waiting_truncated=len(waiting) > WAITING_LIMIT,

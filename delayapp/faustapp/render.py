@@ -6,7 +6,8 @@ pasted into the README.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from delayapp.core.durations import format_duration
 from delayapp.core.instants import format_instant
@@ -69,7 +70,9 @@ def status_lines(state: dict[str, Any], now_ms: int) -> list[str]:
     cancel = state.get("cancel") or {}
     cancelled = None
     if cancel:
-        cancelled = f"{when(cancel.get('cancelled_at'), now_ms)} by {cancel.get('by') or '-'}: {cancel.get('reason') or '-'}"
+        cancelled = (
+            f"{when(cancel.get('cancelled_at'), now_ms)} by {cancel.get('by') or '-'}: {cancel.get('reason') or '-'}"
+        )
     pairs = [
         ("record", state.get("record_id")),
         ("status", state.get("status")),

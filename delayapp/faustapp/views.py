@@ -93,7 +93,9 @@ class Health(View):
         engine = app.engine
         loops = {lp.name: lp.running.is_set() for lp in engine.loops} if engine else {}
         healthy = engine is not None and bool(loops) and all(loops.values()) and engine.cancellations.caught_up.is_set()
-        return self.json({"healthy": healthy, "loops": loops, "worker": settings.worker_instance_id}, status=200 if healthy else 503)
+        return self.json(
+            {"healthy": healthy, "loops": loops, "worker": settings.worker_instance_id}, status=200 if healthy else 503
+        )
 
 
 @app.page("/delay/policies")
@@ -101,21 +103,30 @@ class Policies(View):
     """The governance this worker applies."""
 
     async def get(self, request: Request) -> Response:
-        return self.json({
-            "ladder": [settings.ladder.label(d) for d in settings.ladder.denominations],
-            "topics": {"ingress": layout.ingress, "dead_letter": layout.dead_letter, "cancel": layout.cancellations,
-                       "delay": list(layout.delay_topics.values()), "priority": list(layout.priority_topics.values())},
-            "max_delay_ms": settings.max_delay,
-            "max_retries": settings.max_retries,
-            "max_overdue_ms": settings.max_overdue,
-            "max_message_bytes": settings.max_message_bytes,
-            "allowed_targets": list(settings.allowed_target_patterns),
-            "check_target_exists": settings.check_target_exists,
-            "priority_lane": settings.priority_lane,
-            "target_rates": [{"pattern": r.pattern, "per_second": r.per_second, "burst": r.burst} for r in settings.rates],
-            "processing_guarantee": settings.processing_guarantee.value,
-            "write_api": settings.api_token is not None,
-        })
+        return self.json(
+            {
+                "ladder": [settings.ladder.label(d) for d in settings.ladder.denominations],
+                "topics": {
+                    "ingress": layout.ingress,
+                    "dead_letter": layout.dead_letter,
+                    "cancel": layout.cancellations,
+                    "delay": list(layout.delay_topics.values()),
+                    "priority": list(layout.priority_topics.values()),
+                },
+                "max_delay_ms": settings.max_delay,
+                "max_retries": settings.max_retries,
+                "max_overdue_ms": settings.max_overdue,
+                "max_message_bytes": settings.max_message_bytes,
+                "allowed_targets": list(settings.allowed_target_patterns),
+                "check_target_exists": settings.check_target_exists,
+                "priority_lane": settings.priority_lane,
+                "target_rates": [
+                    {"pattern": r.pattern, "per_second": r.per_second, "burst": r.burst} for r in settings.rates
+                ],
+                "processing_guarantee": settings.processing_guarantee.value,
+                "write_api": settings.api_token is not None,
+            }
+        )
 
 
 @app.page("/delay/stats")
@@ -145,7 +156,9 @@ class Record(View):
             cancel = None
         body = record_view(record_id, state, cancel)
         if body is None:
-            return self.json({"error": f"no record {record_id!r} known (not yet routed, or never scheduled)"}, status=404)
+            return self.json(
+                {"error": f"no record {record_id!r} known (not yet routed, or never scheduled)"}, status=404
+            )
         return self.json(body)
 
 
@@ -160,10 +173,14 @@ class Cancel(View):
             body = await _json_body(request) if request.can_read_body else {}  # type: ignore[truthy-function]
             reason = str(body.get("reason") or "") if isinstance(body, dict) else ""
             producer = await _engine().api_producer()
-            cancelled_at = await cancel(producer, record_id, cancel_topic=layout.cancellations, reason=reason, by="http")
+            cancelled_at = await cancel(
+                producer, record_id, cancel_topic=layout.cancellations, reason=reason, by="http"
+            )
         except _Problem as problem:
             return _refuse(self, problem)
-        return self.json({"record_id": record_id, "cancelled_at": cancelled_at, "topic": layout.cancellations}, status=202)
+        return self.json(
+            {"record_id": record_id, "cancelled_at": cancelled_at, "topic": layout.cancellations}, status=202
+        )
 
 
 @app.page("/delay/schedule")
@@ -180,7 +197,9 @@ class Schedule(View):
             producer = await _engine().api_producer()
             headers = wanted.headers
             if wanted.replace:
-                await cancel(producer, wanted.record_id, cancel_topic=layout.cancellations, reason="replaced", by="http")
+                await cancel(
+                    producer, wanted.record_id, cancel_topic=layout.cancellations, reason="replaced", by="http"
+                )
                 # A cancel applies to copies that entered the ingress at or before its own append
                 # time (broker ms; delayedAt is never taken from a producer): let that millisecond
                 # pass, so this copy enters after the cancel and is not cancelled by it.
@@ -189,7 +208,12 @@ class Schedule(View):
         except _Problem as problem:
             return _refuse(self, problem)
         return self.json(
-            {"record_id": wanted.record_id, "topic": written.topic, "partition": written.partition, "offset": written.offset},
+            {
+                "record_id": wanted.record_id,
+                "topic": written.topic,
+                "partition": written.partition,
+                "offset": written.offset,
+            },
             status=202,
         )
 
@@ -197,7 +221,9 @@ class Schedule(View):
 def replay_request(body: Any) -> tuple[frozenset[str], int | None]:
     """The dead letters (marker keys) and optional new delay of a ``POST /delay/dead-letters/replay`` body."""
     if not isinstance(body, dict) or not isinstance(body.get("keys"), list) or not body["keys"]:
-        raise _Problem(400, 'the body must be {"keys": ["<topic>/<partition>/<offset>", ...], "delay": "30s" (optional)}')
+        raise _Problem(
+            400, 'the body must be {"keys": ["<topic>/<partition>/<offset>", ...], "delay": "30s" (optional)}'
+        )
     keys = body["keys"]
     if len(keys) > MAX_REPLAY_KEYS or not all(isinstance(k, str) and k.count("/") >= 2 for k in keys):
         raise _Problem(400, f"keys: at most {MAX_REPLAY_KEYS} dead letters named <topic>/<partition>/<offset>")
@@ -217,16 +243,22 @@ class ReplayDeadLetters(View):
         try:
             _authorise(request)
             keys, delay_ms = replay_request(await _json_body(request))
-            report = await replay_dead_letters(settings, layout, ReplayFilter(), keys=keys, delay_ms=delay_ms, by="http")
+            report = await replay_dead_letters(
+                settings, layout, ReplayFilter(), keys=keys, delay_ms=delay_ms, by="http"
+            )
         except _Problem as problem:
             return _refuse(self, problem)
-        return self.json({
-            "selected": report.selected,
-            "already_replayed": report.already_replayed,
-            "replayed": [{"key": d.marker_key, "record_id": d.info.record_id, "to": where} for d, where in report.replayed],
-            "unreplayable": [{"key": d.marker_key, "why": why} for d, why in report.unreplayable],
-            "transactional": report.transactional,
-        })
+        return self.json(
+            {
+                "selected": report.selected,
+                "already_replayed": report.already_replayed,
+                "replayed": [
+                    {"key": d.marker_key, "record_id": d.info.record_id, "to": where} for d, where in report.replayed
+                ],
+                "unreplayable": [{"key": d.marker_key, "why": why} for d, why in report.unreplayable],
+                "transactional": report.transactional,
+            }
+        )
 
 
 @app.page("/console")

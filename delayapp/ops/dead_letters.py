@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Iterator
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
@@ -19,6 +20,7 @@ from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
 REPLAY_TRANSACTION_SIZE = 100
+
 
 @dataclass(frozen=True)
 class DeadLetter:
@@ -65,7 +67,12 @@ async def read_replay_markers(settings: Settings, layout: TopicLayout) -> dict[s
 
 
 async def scan_dead_letters(
-    settings: Settings, layout: TopicLayout, selection: ReplayFilter, *, limit: int | None = None, skip_replayed: bool = False,
+    settings: Settings,
+    layout: TopicLayout,
+    selection: ReplayFilter,
+    *,
+    limit: int | None = None,
+    skip_replayed: bool = False,
     keys: Collection[str] | None = None,
 ) -> DeadLetterScan:
     """Read the dead-letter topic to its end and keep the dead letters ``selection`` matches.
@@ -130,11 +137,19 @@ async def replay_dead_letters(
     in the markers. ``on_start(total)`` and ``on_progress(n)`` drive a progress bar.
     """
     scan = await scan_dead_letters(settings, layout, selection, limit=limit, skip_replayed=True, keys=keys)
-    report = ReplayReport(dry_run=dry_run, selected=len(scan.selected) + scan.skipped_replayed, already_replayed=scan.skipped_replayed)
+    report = ReplayReport(
+        dry_run=dry_run, selected=len(scan.selected) + scan.skipped_replayed, already_replayed=scan.skipped_replayed
+    )
     todo: list[tuple[DeadLetter, list[tuple[str, bytes]]]] = []
     now = now_ms()
     for dead in scan.selected:
-        headers = replay_record_headers(dead.headers, source_key=dead.marker_key, value_is_null=dead.record.value is None, now_ms=now, delay_ms=delay_ms)
+        headers = replay_record_headers(
+            dead.headers,
+            source_key=dead.marker_key,
+            value_is_null=dead.record.value is None,
+            now_ms=now,
+            delay_ms=delay_ms,
+        )
         if isinstance(headers, Skip):
             report.unreplayable.append((dead, headers.why))
         else:
@@ -163,17 +178,30 @@ def _quiet(logger_name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
-async def _send_one(producer: AIOKafkaProducer, layout: TopicLayout, dead: DeadLetter, headers: list[tuple[str, bytes]], by: str) -> str:
+async def _send_one(
+    producer: AIOKafkaProducer, layout: TopicLayout, dead: DeadLetter, headers: list[tuple[str, bytes]], by: str
+) -> str:
     meta = await producer.send_and_wait(layout.ingress, dead.record.value, key=dead.record.key, headers=headers)
     where = f"{meta.topic}/{meta.partition}/{meta.offset}"
     # the Spark dlq-replay job's marker fields, plus where the record went
-    marker = {"replayedAt": now_ms(), "recordId": dead.info.record_id, "reason": dead.info.reason, "by": by, "to": where}
+    marker = {
+        "replayedAt": now_ms(),
+        "recordId": dead.info.record_id,
+        "reason": dead.info.reason,
+        "by": by,
+        "to": where,
+    }
     await producer.send_and_wait(layout.dead_letter_replayed, orjson.dumps(marker), key=dead.marker_key.encode())
     return where
 
 
 async def _replay_record_then_marker(
-    settings: Settings, layout: TopicLayout, todo: list, report: ReplayReport, on_progress: Callable[[int], None], by: str,
+    settings: Settings,
+    layout: TopicLayout,
+    todo: list,
+    report: ReplayReport,
+    on_progress: Callable[[int], None],
+    by: str,
 ) -> None:
     producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all")
     await producer.start()
@@ -186,14 +214,21 @@ async def _replay_record_then_marker(
 
 
 async def _replay_transactional(
-    settings: Settings, layout: TopicLayout, todo: list, report: ReplayReport, on_progress: Callable[[int], None], by: str,
+    settings: Settings,
+    layout: TopicLayout,
+    todo: list,
+    report: ReplayReport,
+    on_progress: Callable[[int], None],
+    by: str,
 ) -> None:
     # One fixed transactional id: a second replay running at the same time fences the first.
-    producer = AIOKafkaProducer(**settings.kafka_client_kwargs(), acks="all", transactional_id=f"{settings.topic_prefix}.dlq-replay")
+    producer = AIOKafkaProducer(
+        **settings.kafka_client_kwargs(), acks="all", transactional_id=f"{settings.topic_prefix}.dlq-replay"
+    )
     await producer.start()
     try:
         for start in range(0, len(todo), REPLAY_TRANSACTION_SIZE):
-            chunk = todo[start:start + REPLAY_TRANSACTION_SIZE]
+            chunk = todo[start : start + REPLAY_TRANSACTION_SIZE]
             async with producer.transaction():
                 done = [(dead, await _send_one(producer, layout, dead, headers, by)) for dead, headers in chunk]
             report.replayed.extend(done)  # counted once committed

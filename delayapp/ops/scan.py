@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -21,6 +22,7 @@ SCAN_STALL_S = 30.0
 # stops there, so a dead-letter topic that is written all the time still has an end.
 SCAN_CUTOFF_MS = 60_000
 
+
 async def scan_topic(settings: Settings, topic: str, *, missing_ok: bool = False) -> AsyncIterator[Any]:
     """Every record of ``topic``, from the beginning of each partition to its end, no consumer group.
 
@@ -33,8 +35,12 @@ async def scan_topic(settings: Settings, topic: str, *, missing_ok: bool = False
     returning records before the reported end for :data:`SCAN_STALL_S`.
     """
     consumer = AIOKafkaConsumer(
-        **settings.kafka_client_kwargs(), group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-        isolation_level="read_committed", fetch_max_wait_ms=100,
+        **settings.kafka_client_kwargs(),
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        fetch_max_wait_ms=100,
     )
     await consumer.start()
     try:
@@ -65,7 +71,9 @@ async def scan_topic(settings: Settings, topic: str, *, missing_ok: bool = False
             if not behind:
                 return
             if time.monotonic() - stalled_since > SCAN_STALL_S:
-                raise BrokerError(f"{topic}: no records for {SCAN_STALL_S:.0f} s before the end the broker reported ({behind[0].partition}: {ends[behind[0]]})")
+                raise BrokerError(
+                    f"{topic}: no records for {SCAN_STALL_S:.0f} s before the end the broker reported ({behind[0].partition}: {ends[behind[0]]})"
+                )
     finally:
         await consumer.stop()
 

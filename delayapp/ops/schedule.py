@@ -20,6 +20,7 @@ from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Scheduled:
     """A record written to the ingress topic, and the hops planned for it now."""
@@ -58,8 +59,14 @@ async def schedule_record(
     the due time.
     """
     request = ScheduleRequest(
-        target, delay_ms=delay_ms, at_ms=at_ms, record_id=record_id, valid_at_ms=valid_at_ms,
-        expire_at_ms=expire_at_ms, priority=h.PRIORITY_HIGH if priority else PRIORITY_NORMAL, headers=tuple(headers),
+        target,
+        delay_ms=delay_ms,
+        at_ms=at_ms,
+        record_id=record_id,
+        valid_at_ms=valid_at_ms,
+        expire_at_ms=expire_at_ms,
+        priority=h.PRIORITY_HIGH if priority else PRIORITY_NORMAL,
+        headers=tuple(headers),
     )
     sent_at = now_ms()
     try:

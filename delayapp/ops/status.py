@@ -15,6 +15,7 @@ from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
 
+
 def default_status_url(settings: Settings) -> str:
     """The worker's web server from the settings (``DELAYAPP_WEB_HOST``/``_PORT``)."""
     return f"http://{settings.web_host}:{settings.web_port}"
@@ -33,7 +34,9 @@ async def fetch_status(url: str, record_id: str, *, timeout_s: float = 10.0) -> 
                 body = await response.read()
                 status = response.status
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise WorkerUnavailable(f"no worker answers at {url} ({type(exc).__name__}: {exc}); is `faust -A delayapp worker` running? (--url)") from None
+        raise WorkerUnavailable(
+            f"no worker answers at {url} ({type(exc).__name__}: {exc}); is `faust -A delayapp worker` running? (--url)"
+        ) from None
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -41,5 +44,7 @@ async def fetch_status(url: str, record_id: str, *, timeout_s: float = 10.0) -> 
     if status == 404 and isinstance(data, dict) and "error" in data:
         raise RecordNotFound(f"record {record_id}: {data['error']}")
     if status != 200 or not isinstance(data, dict):
-        raise WorkerUnavailable(f"{address} answered HTTP {status} without a record state: is this a delayapp worker with the /delay/records view?")
+        raise WorkerUnavailable(
+            f"{address} answered HTTP {status} without a record state: is this a delayapp worker with the /delay/records view?"
+        )
     return data

@@ -15,6 +15,7 @@ from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class TopicCheck:
     """One delayapp topic as the broker has it, against what delayapp needs."""
@@ -31,7 +32,8 @@ class TopicCheck:
     def retention_too_short(self) -> bool:
         """True when the broker reports a retention below what records dwell here."""
         return (
-            self.required_retention_ms is not None and self.retention_ms is not None
+            self.required_retention_ms is not None
+            and self.retention_ms is not None
             and 0 <= self.retention_ms < self.required_retention_ms
         )
 
@@ -77,8 +79,12 @@ async def check_topics(settings: Settings, layout: TopicLayout) -> TopicsReport:
         await admin.close()
     checks = [
         TopicCheck(
-            name=s.name, exists=s.name in existing, partitions=partitions.get(s.name), wanted_partitions=s.partitions,
-            retention_ms=(retention or {}).get(s.name), compacted=s.compacted,
+            name=s.name,
+            exists=s.name in existing,
+            partitions=partitions.get(s.name),
+            wanted_partitions=s.partitions,
+            retention_ms=(retention or {}).get(s.name),
+            compacted=s.compacted,
             required_retention_ms=None if s.compacted else s.required_retention_ms(settings.retention_margin),
         )
         for s in specs

@@ -7,10 +7,22 @@ import sys
 
 JOBS = {
     "bulk-schedule": ("delayapp.pipelines.bulk_schedule", "Parquet/CSV/JSON rows -> the ingress topic, idempotently"),
-    "audit-report": ("delayapp.pipelines.audit_report", "audit + dead-letter topics -> Parquet and an HTML/Markdown report with plots"),
-    "optimize-ladder": ("delayapp.pipelines.optimizer", "observed delays -> the ladder of k denominations with the fewest expected hops"),
-    "dlq-replay": ("delayapp.pipelines.dlq_replay", "dead letters (by reason, target, time) -> back to the ingress topic, once"),
-    "package-zip": ("delayapp.pipelines.session", "write delayapp.zip for --py-files (executors with the dependencies but not delayapp)"),
+    "audit-report": (
+        "delayapp.pipelines.audit_report",
+        "audit + dead-letter topics -> Parquet and an HTML/Markdown report with plots",
+    ),
+    "optimize-ladder": (
+        "delayapp.pipelines.optimizer",
+        "observed delays -> the ladder of k denominations with the fewest expected hops",
+    ),
+    "dlq-replay": (
+        "delayapp.pipelines.dlq_replay",
+        "dead letters (by reason, target, time) -> back to the ingress topic, once",
+    ),
+    "package-zip": (
+        "delayapp.pipelines.session",
+        "write delayapp.zip for --py-files (executors with the dependencies but not delayapp)",
+    ),
 }
 
 

@@ -23,8 +23,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -40,8 +41,10 @@ JOB = "audit-report"
 ALL = "(all)"
 PERCENTILES = (0.5, 0.9, 0.99)
 SPARK_TYPES: dict[WireType, DataType] = {
-    WireType.TEXT: StringType(), WireType.FLAG: BooleanType(),
-    WireType.INT32: IntegerType(), WireType.INT64: LongType(),
+    WireType.TEXT: StringType(),
+    WireType.FLAG: BooleanType(),
+    WireType.INT32: IntegerType(),
+    WireType.INT64: LongType(),
 }
 # Every field of the audit contract (delayapp.core.audit), all nullable: events written before
 # a field existed lack it.
@@ -64,7 +67,9 @@ def denomination_column(source: Column, prefix: str) -> Column:
     ``ingress`` for the ingress topic, ``other`` for anything else."""
     topic = F.substring_index(source, "/", 1)
     label = F.regexp_extract(topic, rf"^{re.escape(prefix)}\.delay\.([^.]+)(\.priority)?$", 1)
-    return F.when(topic == F.lit(f"{prefix}.ingress"), F.lit("ingress")).when(label != "", label).otherwise(F.lit("other"))
+    return (
+        F.when(topic == F.lit(f"{prefix}.ingress"), F.lit("ingress")).when(label != "", label).otherwise(F.lit("other"))
+    )
 
 
 def header_text(name: str) -> Column:
@@ -127,7 +132,9 @@ def lateness_table(events: DataFrame, ladder_labels: Sequence[str] = ()) -> Data
     for i, p in enumerate(PERCENTILES):
         table = table.withColumn(f"p{int(p * 100)}_ms", F.col("p")[i])
     table = table.drop("p").fillna({"target": ALL, "denomination": ALL})
-    table = table.select("target", "denomination", "deliveries", *[f"p{int(p * 100)}_ms" for p in PERCENTILES], "max_ms", "mean_ms")
+    table = table.select(
+        "target", "denomination", "deliveries", *[f"p{int(p * 100)}_ms" for p in PERCENTILES], "max_ms", "mean_ms"
+    )
     rank = F.array_position(F.array(*[F.lit(label) for label in ("ingress", *ladder_labels)]), F.col("denomination"))
     return table.orderBy(F.col("target") == ALL, "target", F.col("denomination") == ALL, rank, "denomination")
 
@@ -146,8 +153,11 @@ def over_time(letters: DataFrame, bucket_ms: int) -> DataFrame:
     """Dead letters per time bucket and reason."""
     bucket = (F.floor(F.col("at") / bucket_ms) * bucket_ms).cast("long")
     return (
-        letters.withColumn("bucket_ms", bucket).groupBy("bucket_ms", "reason").agg(F.count("*").alias("dead_letters"))
-        .withColumn("bucket", F.timestamp_millis("bucket_ms")).orderBy("bucket_ms", "reason")
+        letters.withColumn("bucket_ms", bucket)
+        .groupBy("bucket_ms", "reason")
+        .agg(F.count("*").alias("dead_letters"))
+        .withColumn("bucket", F.timestamp_millis("bucket_ms"))
+        .orderBy("bucket_ms", "reason")
     )
 
 
@@ -163,6 +173,7 @@ class Section:
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub-flavoured Markdown table."""
+
     def cell(value: Any) -> str:
         return str(value).replace("|", "\\|")
 
@@ -186,11 +197,14 @@ def _plot(section: str, out_dir: str, draw: Any) -> str:
     return name
 
 
-def plots(out_dir: str, lateness: Any, hops: Any, retries: Any, reasons: Any, timeline: Any, bucket_ms: int) -> dict[str, str]:
+def plots(
+    out_dir: str, lateness: Any, hops: Any, retries: Any, reasons: Any, timeline: Any, bucket_ms: int
+) -> dict[str, str]:
     """Draw the PNG plots of the tables that have data; section name -> file name."""
     drawn: dict[str, str] = {}
     detail = lateness[(lateness.target != ALL) & (lateness.denomination != ALL)]
     if len(detail):
+
         def draw_lateness(ax: Any) -> None:
             labels = [f"{t} / {d}" for t, d in zip(detail.target, detail.denomination)]
             positions = range(len(labels))
@@ -202,8 +216,12 @@ def plots(out_dir: str, lateness: Any, hops: Any, retries: Any, reasons: Any, ti
             ax.legend()
 
         drawn["lateness"] = _plot("lateness", out_dir, draw_lateness)
-    for name, frame, column, title in (("hops", hops, "hops", "Hops per delivered record"), ("retries", retries, "retries", "Retries per record outcome")):
+    for name, frame, column, title in (
+        ("hops", hops, "hops", "Hops per delivered record"),
+        ("retries", retries, "retries", "Retries per record outcome"),
+    ):
         if len(frame):
+
             def draw_histogram(ax: Any, frame: Any = frame, column: str = column, title: str = title) -> None:
                 ax.bar(frame[column].astype(str), frame["records"])
                 ax.set_xlabel(column)
@@ -212,6 +230,7 @@ def plots(out_dir: str, lateness: Any, hops: Any, retries: Any, reasons: Any, ti
 
             drawn[name] = _plot(name, out_dir, draw_histogram)
     if len(reasons):
+
         def draw_reasons(ax: Any) -> None:
             ax.barh(reasons["reason"], reasons["dead_letters"])
             ax.set_xlabel("dead letters")
@@ -219,8 +238,11 @@ def plots(out_dir: str, lateness: Any, hops: Any, retries: Any, reasons: Any, ti
 
         drawn["dead_letters_by_reason"] = _plot("dead_letters_by_reason", out_dir, draw_reasons)
     if len(timeline):
+
         def draw_timeline(ax: Any) -> None:
-            pivot = timeline.pivot_table(index="bucket", columns="reason", values="dead_letters", aggfunc="sum", fill_value=0)
+            pivot = timeline.pivot_table(
+                index="bucket", columns="reason", values="dead_letters", aggfunc="sum", fill_value=0
+            )
             pivot.plot(ax=ax, kind="bar", stacked=True, width=0.9)
             ax.set_xticklabels([t.strftime("%m-%d %H:%M") for t in pivot.index], rotation=45, ha="right")
             ax.set_ylabel("dead letters")
@@ -247,7 +269,9 @@ def write_reports(out_dir: str, title: str, summary: list[tuple[str, Any]], sect
         fh.write("\n".join(md))
     style = "body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
     with open(os.path.join(out_dir, "report.html"), "w", encoding="utf-8") as fh:
-        fh.write(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(body)}</body></html>")
+        fh.write(
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(body)}</body></html>"
+        )
 
 
 def _html_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -256,7 +280,9 @@ def _html_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def report(context: JobContext, out_dir: str, since_ms: int | None = None, until_ms: int | None = None) -> dict[str, Any]:
+def report(
+    context: JobContext, out_dir: str, since_ms: int | None = None, until_ms: int | None = None
+) -> dict[str, Any]:
     """Compute the tables, write Parquet, plots and reports to ``out_dir``; the summary."""
     layout, progress = context.layout, context.progress
     require_topics(context.kafka, [layout.audit, layout.dead_letter])
@@ -273,7 +299,9 @@ def report(context: JobContext, out_dir: str, since_ms: int | None = None, until
             "lateness": lateness_table(events, layout.ladder.labels),
             "hops": histogram(events.filter(F.col("status") == RecordStatus.DELIVERED.value), "hops"),
             "retries": histogram(final_events(events), "retries"),
-            "dead_letters_by_reason": letters.groupBy("reason").agg(F.count("*").alias("dead_letters")).orderBy(F.desc("dead_letters"), "reason"),
+            "dead_letters_by_reason": letters.groupBy("reason")
+            .agg(F.count("*").alias("dead_letters"))
+            .orderBy(F.desc("dead_letters"), "reason"),
             "dead_letters_over_time": over_time(letters, bucket_ms),
         }
         frames: dict[str, Any] = {}  # pandas DataFrames (pandas ships no type hints)
@@ -283,25 +311,56 @@ def report(context: JobContext, out_dir: str, since_ms: int | None = None, until
         said.append(f"Parquet in {os.path.join(out_dir, 'parquet')}")
     with progress.step("drawing plots and writing the report") as said:
         drawn = plots(
-            out_dir, frames["lateness"], frames["hops"], frames["retries"], frames["dead_letters_by_reason"], frames["dead_letters_over_time"], bucket_ms
+            out_dir,
+            frames["lateness"],
+            frames["hops"],
+            frames["retries"],
+            frames["dead_letters_by_reason"],
+            frames["dead_letters_over_time"],
+            bucket_ms,
         )
         counts = {row.status: row["count"] for row in events.groupBy("status").count().collect()}
         overall = frames["lateness"][(frames["lateness"].target == ALL) & (frames["lateness"].denomination == ALL)]
         summary = [
             ("delivered records", counts.get(RecordStatus.DELIVERED.value, 0)),
             ("dead-lettered (audit)", counts.get(RecordStatus.DEAD_LETTERED.value, 0)),
-            ("dead letters in the topic", int(frames["dead_letters_by_reason"]["dead_letters"].sum()) if len(frames["dead_letters_by_reason"]) else 0),
-            ("waiting events (records entered; every hop with DELAYAPP_AUDIT_HOPS)",
-             counts.get(RecordStatus.WAITING.value, 0)),
-            ("lateness p50 / p99 / max (ms)", " / ".join(str(overall.iloc[0][c]) for c in ("p50_ms", "p99_ms", "max_ms")) if len(overall) else "-"),
+            (
+                "dead letters in the topic",
+                int(frames["dead_letters_by_reason"]["dead_letters"].sum())
+                if len(frames["dead_letters_by_reason"])
+                else 0,
+            ),
+            (
+                "waiting events (records entered; every hop with DELAYAPP_AUDIT_HOPS)",
+                counts.get(RecordStatus.WAITING.value, 0),
+            ),
+            (
+                "lateness p50 / p99 / max (ms)",
+                " / ".join(str(overall.iloc[0][c]) for c in ("p50_ms", "p99_ms", "max_ms")) if len(overall) else "-",
+            ),
         ]
         timeline = frames["dead_letters_over_time"].drop(columns=["bucket_ms"])
         sections = [
-            Section("Lateness", "Delivery time minus due time, per target and the denomination of the last hop; (all) rows roll up.", frames["lateness"], drawn.get("lateness")),
+            Section(
+                "Lateness",
+                "Delivery time minus due time, per target and the denomination of the last hop; (all) rows roll up.",
+                frames["lateness"],
+                drawn.get("lateness"),
+            ),
             Section("Hops", "Denomination hops per delivered record.", frames["hops"], drawn.get("hops")),
             Section("Retries", "timeRetried at each delivery or dead letter.", frames["retries"], drawn.get("retries")),
-            Section("Dead letters by reason", f"From {layout.dead_letter}.", frames["dead_letters_by_reason"], drawn.get("dead_letters_by_reason")),
-            Section("Dead letters over time", f"Per {format_duration(bucket_ms)} (UTC).", timeline, drawn.get("dead_letters_over_time")),
+            Section(
+                "Dead letters by reason",
+                f"From {layout.dead_letter}.",
+                frames["dead_letters_by_reason"],
+                drawn.get("dead_letters_by_reason"),
+            ),
+            Section(
+                "Dead letters over time",
+                f"Per {format_duration(bucket_ms)} (UTC).",
+                timeline,
+                drawn.get("dead_letters_over_time"),
+            ),
         ]
         title = f"delayapp audit report: {layout.prefix} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
         write_reports(out_dir, title, summary, sections)
@@ -311,9 +370,14 @@ def report(context: JobContext, out_dir: str, since_ms: int | None = None, until
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options of the audit-report job."""
-    parser = base_parser(f"python -m delayapp.pipelines {JOB}", "Lateness, hops, retries and dead letters: Parquet plus an HTML/Markdown report with plots.")
+    parser = base_parser(
+        f"python -m delayapp.pipelines {JOB}",
+        "Lateness, hops, retries and dead letters: Parquet plus an HTML/Markdown report with plots.",
+    )
     parser.add_argument("--out", default="delayapp-report", help="output directory (default: delayapp-report)")
-    parser.add_argument("--since", help="only events at or after this time: epoch ms, ISO-8601, or a duration ago (24h)")
+    parser.add_argument(
+        "--since", help="only events at or after this time: epoch ms, ISO-8601, or a duration ago (24h)"
+    )
     parser.add_argument("--until", help="only events before this time (same forms)")
     return parser
 

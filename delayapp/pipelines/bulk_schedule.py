@@ -30,8 +30,9 @@ import functools
 import json
 import sys
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
@@ -102,7 +103,9 @@ def _user_headers(headers_json: str | None) -> tuple[dict[str, int], tuple[tuple
     return times, tuple(extra)
 
 
-def ingress_headers(row: BulkRow, record_id: str, *, now_ms: int, max_delay_ms: int | None = None) -> list[tuple[str, bytes]]:
+def ingress_headers(
+    row: BulkRow, record_id: str, *, now_ms: int, max_delay_ms: int | None = None
+) -> list[tuple[str, bytes]]:
     """The ingress headers of one row, checked by the schedule contract as if it entered at
     ``now_ms`` (:meth:`delayapp.core.schedule.ScheduleRequest.validate`); PipelineError saying
     what is wrong."""
@@ -121,8 +124,13 @@ def ingress_headers(row: BulkRow, record_id: str, *, now_ms: int, max_delay_ms: 
             raise PipelineError(str(exc)) from None
     times, extra = _user_headers(row.headers_json)
     request = ScheduleRequest(
-        row.target, delay_ms=delay_ms, at_ms=at_ms, record_id=record_id,
-        valid_at_ms=times.get(h.VALID_AT), expire_at_ms=times.get(h.EXPIRE_AT), headers=extra,
+        row.target,
+        delay_ms=delay_ms,
+        at_ms=at_ms,
+        record_id=record_id,
+        valid_at_ms=times.get(h.VALID_AT),
+        expire_at_ms=times.get(h.EXPIRE_AT),
+        headers=extra,
     )
     try:
         request.validate(now_ms=now_ms, max_delay_ms=max_delay_ms)
@@ -137,7 +145,12 @@ def plan_rows(rows: Iterator[Any], *, now_ms: int, max_delay_ms: int | None = No
     for row in rows:
         record_id = bulk_record_id(row.id, row.content, row.occurrence)
         try:
-            headers = ingress_headers(BulkRow(row.target, row.due_at, row.delay, row.headers), record_id, now_ms=now_ms, max_delay_ms=max_delay_ms)
+            headers = ingress_headers(
+                BulkRow(row.target, row.due_at, row.delay, row.headers),
+                record_id,
+                now_ms=now_ms,
+                max_delay_ms=max_delay_ms,
+            )
         except PipelineError as exc:
             yield (record_id, row.target, None, None, None, f"{str(exc)} (row {row.content[:120]})")
             continue
@@ -204,13 +217,17 @@ def schedule(context: JobContext, paths: list[str], fmt: str | None = None) -> d
     with progress.step(f"reading {', '.join(paths)}") as said:
         rows = canonical(read_input(context, paths, fmt))
         plan = functools.partial(plan_rows, now_ms=now_ms(), max_delay_ms=context.settings.max_delay)
-        planned = context.spark.createDataFrame(rows.rdd.mapPartitions(plan), PLANNED_SCHEMA).localCheckpoint(eager=True)
+        planned = context.spark.createDataFrame(rows.rdd.mapPartitions(plan), PLANNED_SCHEMA).localCheckpoint(
+            eager=True
+        )
         total = planned.count()
         said.append(f"{total} rows")
     errors = planned.filter("error is not null").select("error").limit(MAX_ERRORS_SHOWN).collect()
     if errors:
         bad = planned.filter("error is not null").count()
-        raise PipelineError(f"{bad} of {total} rows are invalid, nothing scheduled:\n  " + "\n  ".join(r.error for r in errors))
+        raise PipelineError(
+            f"{bad} of {total} rows are invalid, nothing scheduled:\n  " + "\n  ".join(r.error for r in errors)
+        )
     with progress.step(f"skipping rows already in {markers}") as said:
         unique_rows = planned.dropDuplicates(["record_id"])
         done = context.read_topic(markers).select(F.col("key").cast("string").alias("record_id")).distinct()
@@ -220,16 +237,28 @@ def schedule(context: JobContext, paths: list[str], fmt: str | None = None) -> d
     with progress.step(f"writing {new} records to {layout.ingress}"):
         context.write_records(fresh.select(F.lit(layout.ingress).alias("topic"), "key", "value", "headers"))
     with progress.step(f"remembering them in {markers}"):
-        marker_value = F.to_json(F.struct(F.col("topic").alias("target"), F.unix_millis(F.current_timestamp()).alias("scheduledAt")))
-        context.write_records(fresh.select(F.lit(markers).alias("topic"), F.col("record_id").cast("binary").alias("key"), marker_value.cast("binary").alias("value")))
+        marker_value = F.to_json(
+            F.struct(F.col("topic").alias("target"), F.unix_millis(F.current_timestamp()).alias("scheduledAt"))
+        )
+        context.write_records(
+            fresh.select(
+                F.lit(markers).alias("topic"),
+                F.col("record_id").cast("binary").alias("key"),
+                marker_value.cast("binary").alias("value"),
+            )
+        )
     return {"rows": total, "new": new, "skipped": total - new}
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options of the bulk-schedule job."""
-    parser = base_parser(f"python -m delayapp.pipelines {JOB}", "Schedule delayed records from Parquet/CSV/JSON rows (idempotent).")
+    parser = base_parser(
+        f"python -m delayapp.pipelines {JOB}", "Schedule delayed records from Parquet/CSV/JSON rows (idempotent)."
+    )
     parser.add_argument("--input", action="append", required=True, help="input file or directory (repeatable)")
-    parser.add_argument("--format", choices=["parquet", "csv", "json"], help="input format (default: from the extension)")
+    parser.add_argument(
+        "--format", choices=["parquet", "csv", "json"], help="input format (default: from the extension)"
+    )
     return parser
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from rich.console import Console
@@ -23,10 +23,18 @@ from delayapp.settings import Settings, load_settings
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A parser with the options of every job: Spark master and conf, broker and topic prefix."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*]), e.g. spark://host:7077, yarn, k8s://...")
-    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration (repeatable)")
     parser.add_argument(
-        "--py-files", action="append", default=[], metavar="PATHS",
+        "--master",
+        help="Spark master (default: spark-submit's, else local[*]), e.g. spark://host:7077, yarn, k8s://...",
+    )
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration (repeatable)"
+    )
+    parser.add_argument(
+        "--py-files",
+        action="append",
+        default=[],
+        metavar="PATHS",
         help="zips or .py files for the executors' sys.path, as spark-submit's --py-files (comma-separated, repeatable); "
         "e.g. the zip of `python -m delayapp.pipelines package-zip` for executors without delayapp installed",
     )
@@ -87,7 +95,13 @@ class JobContext:
 
     def read_topic(self, *topics: str, **options: str) -> DataFrame:
         """A batch DataFrame over whole topics (earliest to the probed end)."""
-        return self.spark.read.format(FORMAT).options(**self.kafka).options(**options).option("topic", ",".join(topics)).load()
+        return (
+            self.spark.read.format(FORMAT)
+            .options(**self.kafka)
+            .options(**options)
+            .option("topic", ",".join(topics))
+            .load()
+        )
 
     def write_records(self, frame: DataFrame) -> None:
         """Produce a DataFrame with topic, key, value and headers columns."""
@@ -138,7 +152,9 @@ def ensure_compacted_topic(kafka: Mapping[str, str], name: str, partitions: int,
     if name in existing_topics(kafka):
         return False
     admin = AdminClient(client_config(kafka))
-    future = admin.create_topics([NewTopic(name, partitions, replication_factor, config={"cleanup.policy": "compact"})])[name]
+    future = admin.create_topics(
+        [NewTopic(name, partitions, replication_factor, config={"cleanup.policy": "compact"})]
+    )[name]
     try:
         future.result(30)
     except KafkaException as exc:
@@ -151,4 +167,6 @@ def require_topics(kafka: Mapping[str, str], names: Sequence[str]) -> None:
     """PipelineError naming the topics that do not exist."""
     missing = sorted(set(names) - existing_topics(kafka))
     if missing:
-        raise PipelineError(f"topics missing: {', '.join(missing)} (is the prefix right? has a delayapp worker created them?)")
+        raise PipelineError(
+            f"topics missing: {', '.join(missing)} (is the prefix right? has a delayapp worker created them?)"
+        )

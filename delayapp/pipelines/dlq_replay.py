@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from pyspark.sql import functions as F
 
@@ -70,12 +71,20 @@ def replay_records(rows: Iterable[Any], ingress: str, delay_ms: int | None) -> I
     """
     written_at = now_ms()
     for row in rows:
-        replayed = replay_record_headers(_headers(row), source_key=row.replay_key, value_is_null=row.value is None, now_ms=written_at, delay_ms=delay_ms)
+        replayed = replay_record_headers(
+            _headers(row),
+            source_key=row.replay_key,
+            value_is_null=row.value is None,
+            now_ms=written_at,
+            delay_ms=delay_ms,
+        )
         if not isinstance(replayed, Skip):
             yield (ingress, row.key, row.value, replayed)
 
 
-def replay(context: JobContext, selection: ReplayFilter, delay_ms: int | None = None, dry_run: bool = False) -> dict[str, int]:
+def replay(
+    context: JobContext, selection: ReplayFilter, delay_ms: int | None = None, dry_run: bool = False
+) -> dict[str, int]:
     """Replay the selected dead letters not replayed before; counts of selected, skipped, done before, replayed."""
     layout, progress = context.layout, context.progress
     markers = layout.dead_letter_replayed
@@ -95,7 +104,12 @@ def replay(context: JobContext, selection: ReplayFilter, delay_ms: int | None = 
         pending = candidates.join(done, "replay_key", "left_anti").localCheckpoint(eager=True)
         unreplayable = pending.filter("skip IS NOT NULL")
         todo = pending.filter("skip IS NULL").localCheckpoint(eager=True)
-        counts = {"selected": selected, "done_before": selected - pending.count(), "unreplayable": unreplayable.count(), "replayed": 0}
+        counts = {
+            "selected": selected,
+            "done_before": selected - pending.count(),
+            "unreplayable": unreplayable.count(),
+            "replayed": 0,
+        }
         said.append(f"{counts['done_before']} replayed before, {counts['unreplayable']} cannot be replayed")
     for row in unreplayable.limit(MAX_SKIPS_SHOWN).collect():
         progress.say(f"not replayable: {row.replay_key}: {row.skip}")
@@ -107,8 +121,21 @@ def replay(context: JobContext, selection: ReplayFilter, delay_ms: int | None = 
         records = todo.rdd.mapPartitions(lambda rows: replay_records(rows, layout.ingress, delay_ms))
         context.write_records(context.spark.createDataFrame(records, RECORD_SCHEMA))
     with progress.step(f"marking them in {markers}"):
-        marker = F.to_json(F.struct(F.unix_millis(F.current_timestamp()).alias("replayedAt"), F.col("record_id").alias("recordId"), F.col("reason"), F.lit("spark").alias("by")))
-        context.write_records(todo.select(F.lit(markers).alias("topic"), F.col("replay_key").cast("binary").alias("key"), marker.cast("binary").alias("value")))
+        marker = F.to_json(
+            F.struct(
+                F.unix_millis(F.current_timestamp()).alias("replayedAt"),
+                F.col("record_id").alias("recordId"),
+                F.col("reason"),
+                F.lit("spark").alias("by"),
+            )
+        )
+        context.write_records(
+            todo.select(
+                F.lit(markers).alias("topic"),
+                F.col("replay_key").cast("binary").alias("key"),
+                marker.cast("binary").alias("value"),
+            )
+        )
     counts["replayed"] = to_write
     return counts
 
@@ -126,12 +153,22 @@ def selection_from(args: argparse.Namespace, now_ms: int) -> ReplayFilter:
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options of the replay job."""
-    parser = base_parser(f"python -m delayapp.pipelines {JOB}", "Send selected dead letters back to the ingress topic; running it twice replays nothing twice.")
-    parser.add_argument("--reason", action="append", default=[], help="deadLetterReason to select (repeatable or comma-separated; default: all)")
+    parser = base_parser(
+        f"python -m delayapp.pipelines {JOB}",
+        "Send selected dead letters back to the ingress topic; running it twice replays nothing twice.",
+    )
+    parser.add_argument(
+        "--reason",
+        action="append",
+        default=[],
+        help="deadLetterReason to select (repeatable or comma-separated; default: all)",
+    )
     parser.add_argument("--target", help="target topic pattern, shell-style (orders.*)")
     parser.add_argument("--since", help="dead-lettered at or after: epoch ms, ISO-8601, or a duration ago (24h)")
     parser.add_argument("--until", help="dead-lettered before (same forms)")
-    parser.add_argument("--delay", help="give replayed records a new due time this far from now (e.g. 5m); default: keep their own")
+    parser.add_argument(
+        "--delay", help="give replayed records a new due time this far from now (e.g. 5m); default: keep their own"
+    )
     parser.add_argument("--dry-run", action="store_true", help="count what would be replayed, write nothing")
     return parser
 

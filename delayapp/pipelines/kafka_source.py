@@ -33,9 +33,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -68,7 +69,7 @@ DEFAULT_TIMEOUT_S = 60.0
 Offsets = dict[str, dict[str, int]]
 
 
-def kafka_options(settings: "Settings") -> dict[str, str]:
+def kafka_options(settings: Settings) -> dict[str, str]:
     """``kafka.*`` options for this data source from delayapp's settings (broker, SASL, TLS)."""
     options = {
         "kafka.bootstrap.servers": settings.broker,
@@ -96,10 +97,12 @@ def lowercase_keys(options: Mapping[str, str]) -> dict[str, str]:
 def client_config(options: Mapping[str, str]) -> dict[str, str | int | float | bool]:
     """The librdkafka configuration in ``options``: every ``kafka.*`` option, prefix removed."""
     config: dict[str, str | int | float | bool] = {
-        name[len(KAFKA_PREFIX):]: value for name, value in options.items() if name.lower().startswith(KAFKA_PREFIX)
+        name[len(KAFKA_PREFIX) :]: value for name, value in options.items() if name.lower().startswith(KAFKA_PREFIX)
     }
     if not config.get("bootstrap.servers"):
-        raise PipelineError("option kafka.bootstrap.servers is required (see delayapp.pipelines.kafka_source.kafka_options)")
+        raise PipelineError(
+            "option kafka.bootstrap.servers is required (see delayapp.pipelines.kafka_source.kafka_options)"
+        )
     return config
 
 
@@ -122,7 +125,9 @@ def parse_offsets_option(text: str | None, default: int) -> int | Offsets:
         parsed = json.loads(text)
         return {str(topic): {str(int(p)): int(o) for p, o in parts.items()} for topic, parts in parsed.items()}
     except (ValueError, AttributeError, TypeError):
-        raise PipelineError(f"offsets must be earliest, latest or JSON like {{\"topic\": {{\"0\": 12}}}}, got {text[:80]!r}") from None
+        raise PipelineError(
+            f'offsets must be earliest, latest or JSON like {{"topic": {{"0": 12}}}}, got {text[:80]!r}'
+        ) from None
 
 
 def sorted_offsets(offsets: Mapping[str, Mapping[str, int]]) -> Offsets:
@@ -160,7 +165,7 @@ class OffsetRange(InputPartition):
     end: int
 
 
-def _consumer(options: Mapping[str, str], **extra: Any) -> "Consumer":
+def _consumer(options: Mapping[str, str], **extra: Any) -> Consumer:
     from confluent_kafka import Consumer
 
     # A throwaway group: offsets are assigned explicitly and never committed, so no group
@@ -181,7 +186,7 @@ def _timeout_s(options: Mapping[str, str]) -> float:
     return float(options.get("timeoutms") or DEFAULT_TIMEOUT_S * 1000) / 1000
 
 
-def list_partitions(consumer: "Consumer", topics: list[str], timeout_s: float) -> list[tuple[str, int]]:
+def list_partitions(consumer: Consumer, topics: list[str], timeout_s: float) -> list[tuple[str, int]]:
     """Every (topic, partition) of ``topics``, sorted; PipelineError for a missing topic."""
     from confluent_kafka import KafkaException
 
@@ -197,14 +202,18 @@ def list_partitions(consumer: "Consumer", topics: list[str], timeout_s: float) -
     return sorted(found)
 
 
-def end_offsets(consumer: "Consumer", partitions: list[tuple[str, int]], timeout_s: float) -> dict[tuple[str, int], int]:
+def end_offsets(
+    consumer: Consumer, partitions: list[tuple[str, int]], timeout_s: float
+) -> dict[tuple[str, int], int]:
     """The true end offset of each partition: from the high watermark, consumed to end-of-partition."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     ends: dict[tuple[str, int], int] = {}
     try:
         for topic, partition in partitions:
-            ends[(topic, partition)] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)[1]
+            ends[(topic, partition)] = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout_s
+            )[1]
     except KafkaException as exc:
         raise PipelineError(f"cannot read the end offsets of {partitions[:3]}...: {exc}") from None
     consumer.assign([TopicPartition(t, p, ends[(t, p)]) for t, p in partitions])
@@ -212,7 +221,9 @@ def end_offsets(consumer: "Consumer", partitions: list[tuple[str, int]], timeout
     deadline = time.monotonic() + timeout_s
     while waiting:
         if time.monotonic() > deadline:
-            raise PipelineError(f"no end-of-partition from the broker for {sorted(waiting)[:5]} within {timeout_s:.0f} s")
+            raise PipelineError(
+                f"no end-of-partition from the broker for {sorted(waiting)[:5]} within {timeout_s:.0f} s"
+            )
         for message in consumer.consume(500, timeout=0.5):
             error = message.error()
             if error is not None and error.code() == KafkaError._PARTITION_EOF:
@@ -228,12 +239,16 @@ def end_offsets(consumer: "Consumer", partitions: list[tuple[str, int]], timeout
     return ends
 
 
-def start_offsets(consumer: "Consumer", partitions: list[tuple[str, int]], timeout_s: float) -> dict[tuple[str, int], int]:
+def start_offsets(
+    consumer: Consumer, partitions: list[tuple[str, int]], timeout_s: float
+) -> dict[tuple[str, int], int]:
     """The first offset still held by each partition (the low watermark)."""
     from confluent_kafka import KafkaException, TopicPartition
 
     try:
-        return {(t, p): consumer.get_watermark_offsets(TopicPartition(t, p), timeout=timeout_s)[0] for t, p in partitions}
+        return {
+            (t, p): consumer.get_watermark_offsets(TopicPartition(t, p), timeout=timeout_s)[0] for t, p in partitions
+        }
     except KafkaException as exc:
         raise PipelineError(f"cannot read the start offsets of {partitions[:3]}...: {exc}") from None
 
@@ -301,7 +316,16 @@ def _row(message: Any) -> tuple:
     kind, ts = message.timestamp()
     when = datetime.fromtimestamp(ts / 1000, tz=timezone.utc) if kind and ts >= 0 else None
     headers = [(name, None if raw is None else bytes(raw)) for name, raw in (message.headers() or ())]
-    return (message.key(), message.value(), message.topic(), message.partition(), message.offset(), when, kind - 1 if kind else -1, headers)
+    return (
+        message.key(),
+        message.value(),
+        message.topic(),
+        message.partition(),
+        message.offset(),
+        when,
+        kind - 1 if kind else -1,
+        headers,
+    )
 
 
 class KafkaDataSource(DataSource):
@@ -316,15 +340,15 @@ class KafkaDataSource(DataSource):
         """The columns of Spark's own Kafka connector."""
         return SCHEMA
 
-    def reader(self, schema: StructType) -> "KafkaBatchReader":
+    def reader(self, schema: StructType) -> KafkaBatchReader:
         """A batch reader over ``startingOffsets`` (default earliest) to ``endingOffsets`` (latest)."""
         return KafkaBatchReader(lowercase_keys(self.options))
 
-    def streamReader(self, schema: StructType) -> "KafkaStreamReader":
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:
         """A micro-batch reader from ``startingOffsets`` (default latest)."""
         return KafkaStreamReader(lowercase_keys(self.options))
 
-    def writer(self, schema: StructType, overwrite: bool) -> "KafkaWriter":
+    def writer(self, schema: StructType, overwrite: bool) -> KafkaWriter:
         """A writer producing every row as one record."""
         names = set(schema.fieldNames())
         if "value" not in names:
@@ -351,8 +375,12 @@ class KafkaBatchReader(DataSourceReader):
             high = end_offsets(consumer, parts, timeout_s)
         finally:
             consumer.close()
-        start = resolve_offsets(parse_offsets_option(self.options.get("startingoffsets"), EARLIEST), parts, low=low, high=high)
-        end = resolve_offsets(parse_offsets_option(self.options.get("endingoffsets"), LATEST), parts, low=low, high=high)
+        start = resolve_offsets(
+            parse_offsets_option(self.options.get("startingoffsets"), EARLIEST), parts, low=low, high=high
+        )
+        end = resolve_offsets(
+            parse_offsets_option(self.options.get("endingoffsets"), LATEST), parts, low=low, high=high
+        )
         return ranges(start, end) or [OffsetRange(parts[0][0], parts[0][1], 0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
@@ -389,7 +417,9 @@ class KafkaStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> Offsets:
         """Where a new query starts: ``startingOffsets`` (default latest)."""
         parts, low, high = self._probe()
-        return resolve_offsets(parse_offsets_option(self.options.get("startingoffsets"), LATEST), parts, low=low, high=high)
+        return resolve_offsets(
+            parse_offsets_option(self.options.get("startingoffsets"), LATEST), parts, low=low, high=high
+        )
 
     def latestOffset(self, start: Offsets | None = None, limit: Any = None) -> Offsets:
         """The end of every partition now; at most ``maxOffsetsPerTrigger`` records past ``start``."""
@@ -472,7 +502,12 @@ def produce_rows(options: Mapping[str, str], rows: Iterator[Any]) -> int:
         if topic is None:  # librdkafka would refuse it with a TypeError
             raise PipelineError("a row without a topic: give a topic column or the topic option")
         headers = [(str(k), _bytes(v)) for k, v in (fields.get("headers") or ())]
-        kwargs: dict[str, Any] = {"key": _bytes(fields.get("key")), "value": _bytes(fields.get("value")), "headers": headers, "on_delivery": delivered}
+        kwargs: dict[str, Any] = {
+            "key": _bytes(fields.get("key")),
+            "value": _bytes(fields.get("value")),
+            "headers": headers,
+            "on_delivery": delivered,
+        }
         if fields.get("partition") is not None:
             kwargs["partition"] = int(fields["partition"])
         while True:

@@ -24,10 +24,11 @@ import argparse
 import json
 import random
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from math import comb
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -115,7 +116,15 @@ class _Scores:
 def _swaps(ladder: tuple[int, ...], fixed: int, pool: Sequence[int]) -> list[tuple[int, ...]]:
     """Every ladder that differs from ``ladder`` by one denomination (``fixed`` stays)."""
     inside = set(ladder)
-    return sorted({tuple(sorted((inside - {out}) | {into})) for out in ladder if out != fixed for into in pool if into not in inside})
+    return sorted(
+        {
+            tuple(sorted((inside - {out}) | {into}))
+            for out in ladder
+            if out != fixed
+            for into in pool
+            if into not in inside
+        }
+    )
 
 
 def _local_search(start: tuple[int, ...], fixed: int, pool: Sequence[int], scores: _Scores) -> Choice:
@@ -283,7 +292,9 @@ def search_space(
 def propose(current: Ladder, space: SearchSpace, evaluate: Evaluator, max_evaluations: int = MAX_EVALUATIONS) -> Choice:
     """The job's proposal: the best ladder :func:`optimize_ladder` finds in ``space``, starting
     from the current ladder (``evaluate`` scores ladders against ``space.bound``)."""
-    return optimize_ladder(space.k, current.smallest, space.candidates, evaluate, current.denominations, max_evaluations)
+    return optimize_ladder(
+        space.k, current.smallest, space.candidates, evaluate, current.denominations, max_evaluations
+    )
 
 
 def optimize(
@@ -303,16 +314,22 @@ def optimize(
         delays = observed_delays_from_ingress(context) if source == "ingress" else observed_delays_from_audit(context)
         histogram = delay_histogram(delays, resolution_ms)
         requests = sum(c for _, c in histogram)
-        said.append(f"{requests} requests, {len(histogram)} distinct delays at {format_duration(resolution_ms)} resolution")
+        said.append(
+            f"{requests} requests, {len(histogram)} distinct delays at {format_duration(resolution_ms)} resolution"
+        )
     if not histogram:
         raise PipelineError(f"no delay requests found in {topic}")
     current = settings.ladder
     space = search_space(histogram, current, settings.max_delay, k, candidates, worst_hops)
     k, bound, max_delay = space.k, space.bound, space.bound.max_delay_ms
-    with progress.step(f"searching ladders of {k} denominations over {len(space.candidates)} candidates, at most {bound.hops} hops up to {format_duration(max_delay)}") as said:
+    with progress.step(
+        f"searching ladders of {k} denominations over {len(space.candidates)} candidates, at most {bound.hops} hops up to {format_duration(max_delay)}"
+    ) as said:
         best = propose(current, space, spark_evaluator(context, histogram, bound), max_evaluations)
         if best.expected_hops >= PENALTY:
-            raise PipelineError(f"no ladder of {k} denominations keeps every delay up to {format_duration(max_delay)} within {bound.hops} hops")
+            raise PipelineError(
+                f"no ladder of {k} denominations keeps every delay up to {format_duration(max_delay)} within {bound.hops} hops"
+            )
         now = Choice(current.denominations, expected_hops(current.denominations, histogram))
         how = "the optimum of" if best.exact else "the best local optimum after"
         said.append(f"{best.ladder}: {best.expected_hops:.3f} expected hops, {how} {best.evaluated} ladders scored")
@@ -334,12 +351,31 @@ def format_comparison(result: dict[str, Any]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options of the optimizer job."""
-    parser = base_parser(f"python -m delayapp.pipelines {JOB}", "Choose the ladder of k denominations with the fewest expected hops for the observed delays.")
-    parser.add_argument("--denominations", type=int, help="k, the number of denominations (delay topics) allowed (default: the current ladder's)")
-    parser.add_argument("--source", choices=["ingress", "audit"], default="ingress", help="where the delay requests are read (default: ingress)")
+    parser = base_parser(
+        f"python -m delayapp.pipelines {JOB}",
+        "Choose the ladder of k denominations with the fewest expected hops for the observed delays.",
+    )
+    parser.add_argument(
+        "--denominations",
+        type=int,
+        help="k, the number of denominations (delay topics) allowed (default: the current ladder's)",
+    )
+    parser.add_argument(
+        "--source",
+        choices=["ingress", "audit"],
+        default="ingress",
+        help="where the delay requests are read (default: ingress)",
+    )
     parser.add_argument("--resolution", default="1s", help="round observed delays to this (default 1s)")
-    parser.add_argument("--candidates", help="comma-separated candidate denominations (default: round durations up to the largest delay)")
-    parser.add_argument("--max-worst-hops", type=int, help="worst-case hops allowed up to the maximum delay (default: the current ladder's)")
+    parser.add_argument(
+        "--candidates",
+        help="comma-separated candidate denominations (default: round durations up to the largest delay)",
+    )
+    parser.add_argument(
+        "--max-worst-hops",
+        type=int,
+        help="worst-case hops allowed up to the maximum delay (default: the current ladder's)",
+    )
     parser.add_argument(
         "--max-evaluations",
         type=int,
@@ -362,7 +398,15 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
             raise PipelineError(str(exc)) from None
         if args.max_evaluations < 1:
             raise PipelineError("--max-evaluations must be at least 1")
-        result = optimize(context, args.denominations, args.source, max(resolution, 1), candidates, args.max_worst_hops, args.max_evaluations)
+        result = optimize(
+            context,
+            args.denominations,
+            args.source,
+            max(resolution, 1),
+            candidates,
+            args.max_worst_hops,
+            args.max_evaluations,
+        )
         print(format_comparison(result))
         if args.json_path:
             with open(args.json_path, "w", encoding="utf-8") as fh:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from pyspark.sql import SparkSession
 

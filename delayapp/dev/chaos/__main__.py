@@ -17,14 +17,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m delayapp.dev.chaos", description=__doc__)
     parser.add_argument("--records", type=int, default=defaults.records)
     parser.add_argument("--faults", type=int, default=defaults.faults)
-    parser.add_argument("--spread", type=float, default=defaults.spread_s, help="due times spread over this many seconds")
+    parser.add_argument(
+        "--spread", type=float, default=defaults.spread_s, help="due times spread over this many seconds"
+    )
     parser.add_argument("--guarantee", default=defaults.guarantee, choices=["at_least_once", "exactly_once"])
-    parser.add_argument("--broker", default=os.environ.get("DELAYAPP_TEST_BROKER"), help="an existing broker (no network cuts then)")
+    parser.add_argument(
+        "--broker", default=os.environ.get("DELAYAPP_TEST_BROKER"), help="an existing broker (no network cuts then)"
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--json", default="chaos-result.json", help="where to write the result")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = ChaosConfig(records=args.records, faults=args.faults, spread_s=args.spread, guarantee=args.guarantee, broker=args.broker, seed=args.seed)
+    config = ChaosConfig(
+        records=args.records,
+        faults=args.faults,
+        spread_s=args.spread,
+        guarantee=args.guarantee,
+        broker=args.broker,
+        seed=args.seed,
+    )
     result = asyncio.run(ChaosRun(config).run())
     print(result.table())
     with open(args.json, "w") as fh:

@@ -109,15 +109,36 @@ class ChaosResult:
             kinds[fault.kind] = kinds.get(fault.kind, 0) + 1
         rows = [
             ("records", f"{self.records}"),
-            ("faults", ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ("" if self.network_cuts else " (no network cuts: external broker)")),
+            (
+                "faults",
+                ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+                + ("" if self.network_cuts else " (no network cuts: external broker)"),
+            ),
             ("guarantee", self.guarantee),
             ("delivered", f"{self.delivered}"),
-            ("dead-lettered (must be 0: every record is valid)", f"{self.dead_lettered} {self.dead_letter_reasons or ''}"),
+            (
+                "dead-lettered (must be 0: every record is valid)",
+                f"{self.dead_lettered} {self.dead_letter_reasons or ''}",
+            ),
             ("lost (must be 0)", f"{self.lost}"),
             ("early (must be 0)", f"{self.early}"),
-            ("duplicates" + (" (must be 0)" if self.guarantee == "exactly_once" else " (reported; consumers de-duplicate by recordId)"), f"{self.duplicates}"),
-            ("lateness outside fault windows p50 / p99 / max", f"{_ms(self.lateness_p50_ms)} / {_ms(self.lateness_p99_ms)} / {_ms(self.lateness_max_ms)} ({self.lateness_samples} records)"),
-            ("lag back to 0 after the last fault (last delivery > 1 s late; goal <= 60 s)", f"{self.drain_after_last_fault_s:.1f} s"),
+            (
+                "duplicates"
+                + (
+                    " (must be 0)"
+                    if self.guarantee == "exactly_once"
+                    else " (reported; consumers de-duplicate by recordId)"
+                ),
+                f"{self.duplicates}",
+            ),
+            (
+                "lateness outside fault windows p50 / p99 / max",
+                f"{_ms(self.lateness_p50_ms)} / {_ms(self.lateness_p99_ms)} / {_ms(self.lateness_max_ms)} ({self.lateness_samples} records)",
+            ),
+            (
+                "lag back to 0 after the last fault (last delivery > 1 s late; goal <= 60 s)",
+                f"{self.drain_after_last_fault_s:.1f} s",
+            ),
             ("read model retry counters vs recount (mismatches)", f"{self.table_mismatches} of {self.table_checked}"),
             ("verdict", "PASS" if self.ok else "FAIL"),
         ]
@@ -203,7 +224,9 @@ class ChaosRun:
                     (h.TIME_RETRIED, str(retried).encode()),
                 ]
                 value = orjson.dumps({"id": record_id, "due": due, "pad": "x" * 150})
-                futures.append(await producer.send(f"{self.prefix}.ingress", value, key=record_id.encode(), headers=headers))
+                futures.append(
+                    await producer.send(f"{self.prefix}.ingress", value, key=record_id.encode(), headers=headers)
+                )
             await asyncio.gather(*futures)
         finally:
             await producer.stop()
@@ -218,7 +241,9 @@ class ChaosRun:
     async def _inject(self) -> None:
         c = self.config
         kinds = ["sigkill", "sigterm"] + (["network-cut"] if self.proxy else [])
-        plan = kinds[:] + [self.rng.choices(kinds, weights=[5, 3, 2][: len(kinds)])[0] for _ in range(max(0, c.faults - len(kinds)))]
+        plan = kinds[:] + [
+            self.rng.choices(kinds, weights=[5, 3, 2][: len(kinds)])[0] for _ in range(max(0, c.faults - len(kinds)))
+        ]
         self.rng.shuffle(plan)
         for kind in plan[: c.faults]:
             await asyncio.sleep(self.rng.uniform(*c.fault_gap_s))
@@ -293,15 +318,22 @@ class ChaosRun:
         lost = set(self.sent) - set(deliveries)
         if lost:  # where each undelivered record was last seen (dead letters included: their last step says so)
             last = Counter((s.get("status"), s.get("topic")) for s in (store.get(rid.encode()) or {} for rid in lost))
-            log.error("undelivered records by last recorded (status, topic): %s; e.g. %s", dict(last.most_common()),
-                      [(rid, store.get(rid.encode())) for rid in sorted(lost)[:3]])
-        mismatches = [(rid, n, store.get(rid.encode())) for rid, n in expected.items() if not _agrees(store.get(rid.encode()), n)]
+            log.error(
+                "undelivered records by last recorded (status, topic): %s; e.g. %s",
+                dict(last.most_common()),
+                [(rid, store.get(rid.encode())) for rid in sorted(lost)[:3]],
+            )
+        mismatches = [
+            (rid, n, store.get(rid.encode())) for rid, n in expected.items() if not _agrees(store.get(rid.encode()), n)
+        ]
         mismatches += await self._served_mismatches(expected)
         if mismatches:
             await self._explain_mismatches(bootstrap, mismatches[:5], collector.on(topic))
         return len(mismatches), len(deliveries)
 
-    async def _served_mismatches(self, expected: dict[str, int], sample: int = 200) -> list[tuple[str, int, dict | None]]:
+    async def _served_mismatches(
+        self, expected: dict[str, int], sample: int = 200
+    ) -> list[tuple[str, int, dict | None]]:
         """Ask each live worker for ``sample`` ids (the same ones): each must agree with the recount."""
         ids = sorted(expected)[:: max(1, len(expected) // sample)][:sample]
         found: list[tuple[str, int, dict | None]] = []
@@ -322,7 +354,9 @@ class ChaosRun:
                         found.append((rid, expected[rid], state))
         return found
 
-    async def _explain_mismatches(self, bootstrap: str, mismatches: list[tuple[str, int, dict | None]], states: list[Any]) -> None:
+    async def _explain_mismatches(
+        self, bootstrap: str, mismatches: list[tuple[str, int, dict | None]], states: list[Any]
+    ) -> None:
         """Log, for a few disagreeing ids, every audit event and record-states write of theirs,
         so a failed run says whether a step was never audited, never written or overtaken."""
         audit = f"{self.prefix}.audit"
@@ -344,14 +378,22 @@ class ChaosRun:
             for record in collector.on(audit):
                 if record.key and record.key.decode() == rid:
                     event = orjson.loads(record.value)
-                    steps.append((record.partition, record.offset, event.get("status"), event.get("hops"), event.get("seq")))
+                    steps.append(
+                        (record.partition, record.offset, event.get("status"), event.get("hops"), event.get("seq"))
+                    )
             writes = [
                 (r.partition, r.offset, orjson.loads(r.value).get("status") if r.value else None, r.timestamp)
-                for r in states if r.key and r.key.decode() == rid
+                for r in states
+                if r.key and r.key.decode() == rid
             ]
             log.error(
                 "record-states disagrees for %s: timeRetried %d delivered, view holds %s; audit (partition, offset, "
-                "status, hops, seq): %s; record-states (partition, offset, status, written): %s", rid, recount, state, steps, writes,
+                "status, hops, seq): %s; record-states (partition, offset, status, written): %s",
+                rid,
+                recount,
+                state,
+                steps,
+                writes,
             )
 
     # -- the run ---------------------------------------------------------------------------------
@@ -361,7 +403,10 @@ class ChaosRun:
         c = self.config
         bootstrap = self._start_broker()
         try:
-            self.workers = [WorkerProcess(self._worker_env(bootstrap, slot), name=f"{self.prefix}-w{slot}") for slot in range(c.workers)]
+            self.workers = [
+                WorkerProcess(self._worker_env(bootstrap, slot), name=f"{self.prefix}-w{slot}")
+                for slot in range(c.workers)
+            ]
             for worker in self.workers:
                 worker.start()
             await asyncio.gather(*(w.wait_ready(loops=1, timeout=120) for w in self.workers))
@@ -398,7 +443,12 @@ class ChaosRun:
         return self._result(deliveries, dead, last_fault_end, mismatches, checked, collector)
 
     def _result(
-        self, deliveries: dict[str, list[Any]], dead: set[str], last_fault_end: int, mismatches: int, checked: int,
+        self,
+        deliveries: dict[str, list[Any]],
+        dead: set[str],
+        last_fault_end: int,
+        mismatches: int,
+        checked: int,
         collector: TopicCollector,
     ) -> ChaosResult:
         """Early is judged on the worker's write timestamp (its decision); lateness and lag on
@@ -424,11 +474,23 @@ class ChaosRun:
         lateness.sort()
         lost = len(set(self.sent) - set(deliveries) - dead)
         return ChaosResult(
-            records=len(self.sent), delivered=len(deliveries), dead_lettered=len(dead), lost=lost, early=early,
-            duplicates=duplicates, lateness_p50_ms=_percentile(lateness, 0.5), lateness_p99_ms=_percentile(lateness, 0.99),
-            lateness_max_ms=float(lateness[-1]) if lateness else None, lateness_samples=len(lateness),
-            drain_after_last_fault_s=max(drain, 0.0), table_mismatches=mismatches, table_checked=checked,
-            faults=self.faults, dead_letter_reasons=self.reasons, guarantee=self.config.guarantee, network_cuts=self.proxy is not None,
+            records=len(self.sent),
+            delivered=len(deliveries),
+            dead_lettered=len(dead),
+            lost=lost,
+            early=early,
+            duplicates=duplicates,
+            lateness_p50_ms=_percentile(lateness, 0.5),
+            lateness_p99_ms=_percentile(lateness, 0.99),
+            lateness_max_ms=float(lateness[-1]) if lateness else None,
+            lateness_samples=len(lateness),
+            drain_after_last_fault_s=max(drain, 0.0),
+            table_mismatches=mismatches,
+            table_checked=checked,
+            faults=self.faults,
+            dead_letter_reasons=self.reasons,
+            guarantee=self.config.guarantee,
+            network_cuts=self.proxy is not None,
         )
 
 

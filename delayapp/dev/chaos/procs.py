@@ -11,8 +11,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -26,7 +27,9 @@ def embedded_broker_env(external_broker: str | None) -> dict[str, str]:
     return {} if external_broker else {"DELAYAPP_RECOVERY_CONSISTENCY_CHECK": "false"}
 
 
-async def create_topics(bootstrap: str, *names: str, partitions: int = 3, configs: dict[str, str] | None = None) -> None:
+async def create_topics(
+    bootstrap: str, *names: str, partitions: int = 3, configs: dict[str, str] | None = None
+) -> None:
     """Create topics (with topic ``configs``, if given), leaving alone those that exist."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
@@ -69,11 +72,16 @@ class TopicCollector:
     _task: asyncio.Task | None = None
     _consumer: AIOKafkaConsumer | None = None
 
-    async def start(self) -> "TopicCollector":
+    async def start(self) -> TopicCollector:
         """Subscribe and start collecting (the topics must exist)."""
         self._consumer = AIOKafkaConsumer(
-            *self.topics, bootstrap_servers=self.bootstrap, group_id=None, auto_offset_reset="earliest",
-            fetch_max_wait_ms=50, isolation_level="read_committed", request_timeout_ms=60_000,
+            *self.topics,
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=50,
+            isolation_level="read_committed",
+            request_timeout_ms=60_000,
         )
         await self._consumer.start()
         self._task = asyncio.create_task(self._run())
@@ -123,13 +131,16 @@ class WorkerProcess:
         self.log_path = os.path.join(tempfile.gettempdir(), f"delayapp-{self.name}-{uuid.uuid4().hex[:6]}.log")
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "WorkerProcess":
+    def start(self) -> WorkerProcess:
         """Start the process (logs to :attr:`log_path`)."""
         with open(self.log_path, "ab") as log:
             log.write(f"--- start {time.strftime('%H:%M:%S')} ---\n".encode())
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "faust", "-A", self.app, "worker", "-l", "info"],
-                stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
             )
         return self
 
@@ -149,7 +160,7 @@ class WorkerProcess:
         text = self.log.rsplit("--- start ", 1)[-1] if since_start else self.log
         return set(re.findall(r"\] (router|delay-\w+): assigned \d+ partitions", text))
 
-    async def wait_ready(self, loops: int, timeout: float = 90) -> "WorkerProcess":
+    async def wait_ready(self, loops: int, timeout: float = 90) -> WorkerProcess:
         """Wait until ``loops`` hop loops have joined their groups."""
 
         def ready() -> bool:

@@ -24,7 +24,7 @@ class CuttableProxy:
         self._server: asyncio.base_events.Server | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="chaos-proxy", daemon=True)
 
-    def start(self) -> "CuttableProxy":
+    def start(self) -> CuttableProxy:
         """Start listening (returns once the port is bound)."""
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(10)
@@ -43,7 +43,9 @@ class CuttableProxy:
         except OSError:
             client_writer.close()
             return
-        await asyncio.gather(self._pump(client_reader, up_writer), self._pump(up_reader, client_writer), return_exceptions=True)
+        await asyncio.gather(
+            self._pump(client_reader, up_writer), self._pump(up_reader, client_writer), return_exceptions=True
+        )
         for writer in (client_writer, up_writer):
             writer.close()
 
@@ -75,6 +77,7 @@ class CuttableProxy:
 
     def stop(self) -> None:
         """Close the listener and stop the thread."""
+
         async def close() -> None:
             if self._server is not None:
                 self._server.close()
@@ -82,6 +85,7 @@ class CuttableProxy:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
