@@ -1,10 +1,12 @@
-"""The settings reference page (docs/settings.md) holds the table the declarations generate."""
+"""The settings: the reference page (docs/settings.md) holds the table the declarations generate,
+and the security settings reach every Kafka client the app makes."""
 
 from __future__ import annotations
 
+import ast
 import pathlib
 
-from delayapp.settings import markdown_table
+from delayapp.settings import load_settings, markdown_table
 
 SETTINGS_PAGE = pathlib.Path(__file__).parents[1] / "docs" / "settings.md"
 
@@ -12,3 +14,27 @@ SETTINGS_PAGE = pathlib.Path(__file__).parents[1] / "docs" / "settings.md"
 def test_settings_page_lists_every_setting_as_declared() -> None:
     page = SETTINGS_PAGE.read_text()
     assert markdown_table() in page, "docs/settings.md table is stale: paste `python settings.py --markdown`"
+
+
+def test_sasl_and_tls_settings_reach_client_kwargs(tmp_path) -> None:
+    s = load_settings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512", sasl_username="u", sasl_password="pw-XYZZY")
+    kwargs = s.kafka_client_kwargs()
+    assert kwargs["sasl_mechanism"] == "SCRAM-SHA-512" and kwargs["sasl_plain_password"] == "pw-XYZZY"
+    assert "pw-XYZZY" not in repr(s) and "pw-XYZZY" not in str(s.describe())
+
+
+def test_every_kafka_client_in_the_app_gets_the_security_settings() -> None:
+    """Each AIOKafkaConsumer/Producer/AdminClient call in delayapp/ passes the shared kwargs
+    (the chaos harness, a test tool that owns its loopback broker, is not the app)."""
+    root = pathlib.Path(__file__).resolve().parents[1] / "delayapp"
+    calls = []
+    for path in root.rglob("*.py"):
+        if "chaos" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in {"AIOKafkaConsumer", "AIOKafkaProducer", "AIOKafkaAdminClient"}:
+                spread = [ast.unparse(k.value) for k in node.keywords if k.arg is None]
+                calls.append((path.name, node.lineno, spread))
+    assert len(calls) >= 5
+    for name, line, spread in calls:
+        assert any("kafka_client_kwargs" in s or "_admin_kwargs" in s or s in ("common", "kafka") for s in spread), f"{name}:{line} misses the security settings"

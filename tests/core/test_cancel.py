@@ -111,3 +111,19 @@ def test_without_broker_time_a_cancel_sent_right_after_the_schedule_applies_even
     ahead.timestamp_type = CREATE_TIME
     later_cancel = decode_cancel(b"r", b"{}", timestamp_ms=NOW + 200, timestamp_type=CREATE_TIME, now_ms=NOW + 210)
     assert outcome({"r": later_cancel}, ahead, NOW + 150) == "cancelled"
+
+
+def test_cancel_records_round_trip_and_plain_producers_can_cancel() -> None:
+    key, value = encode_cancel(CancelRequest("r-1", NOW - 5_000, "changed mind", "me"))
+    appended = {"timestamp_ms": NOW, "timestamp_type": LOG_APPEND_TIME, "now_ms": NOW + 50}
+    # the body's cancelled_at (the canceller's clock) is not what counts: the append time is
+    assert decode_cancel(key, value, **appended) == CancelRequest("r-1", NOW, "changed mind", "me")
+    assert decode_cancel(b"r-2", b"", **appended) == CancelRequest("r-2", NOW)  # kcat -K: with an empty value
+    assert decode_cancel(b"r-3", b"not json", **appended).cancelled_at == NOW
+    assert decode_cancel(b"r-4", None, **appended) is None  # tombstone: withdrawn
+
+
+def test_a_cancel_applies_to_copies_scheduled_before_it_only() -> None:
+    request = CancelRequest("r", NOW)
+    assert applies_to(request, NOW - 1) and applies_to(request, NOW) and applies_to(request, None)
+    assert not applies_to(request, NOW + 1) and not applies_to(None, NOW)

@@ -99,6 +99,18 @@ def test_the_store_folds_the_topic_as_merge_does_and_keeps_no_more_than_the_fiel
     assert len(store) == 1 and b"r" in store and store.get(b"other") is None
 
 
+def test_merge_is_idempotent_and_keeps_the_latest_step() -> None:
+    hop = {"record_id": "r", "status": WAITING, "seq": audit_seq(0, 1, WAITING)}
+    done = {"record_id": "r", "status": DELIVERED, "seq": audit_seq(0, 1, DELIVERED)}
+    store = RecordStateStore(ttl_ms=1_000)
+    assert store.apply(b"r", orjson.dumps(hop)) and store.apply(b"r", orjson.dumps(done))
+    assert store.get(b"r")["status"] == DELIVERED
+    assert not store.apply(b"r", orjson.dumps(hop))  # replay of an older step changes nothing
+    assert not store.apply(b"r", orjson.dumps(done))  # replay of the same step changes nothing
+    retried = {"record_id": "r", "status": WAITING, "seq": audit_seq(1, 1, WAITING), "retries": 1}
+    assert store.apply(b"r", orjson.dumps(retried)) and store.get(b"r")["status"] == WAITING
+
+
 def test_the_store_counts_what_is_not_a_state_and_a_tombstone_forgets() -> None:
     store = written(state("r", WAITING, 1))
     assert not store.apply(b"r", b"not json") and not store.apply(b"x", b"[1, 2]") and not store.apply(None, b"{}")

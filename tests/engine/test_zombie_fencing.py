@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from collections import Counter
 
 import pytest
@@ -18,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from delayapp.client import schedule
 from delayapp.core import headers as h
+from delayapp.core.clock import now_ms
 from tests.support.kafka import (
     SESSION_MS,
     Collector,
@@ -64,7 +64,7 @@ async def test_a_worker_frozen_past_its_session_commits_nothing_when_it_thaws(bo
         collector = await Collector(bootstrap, [target]).start()
         p = await producer(bootstrap)
         try:
-            start = int(time.time() * 1000) + 2_000
+            start = now_ms() + 2_000
             for n in range(RECORDS):  # due over 40 s: records flow through every freeze
                 await schedule(p, target, b"v", key=f"k{n}".encode(), at=start + n * 40_000 // RECORDS, record_id=f"z{n}",
                                ingress_topic=f"{prefix}.ingress")

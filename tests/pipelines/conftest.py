@@ -22,11 +22,10 @@ from typing import Iterator
 import pyspark
 import pytest
 
-from delayapp.dev.chaos.procs import unique
 from delayapp.pipelines.kafka_source import kafka_options
 from delayapp.pipelines.session import build_session, package_zip
 from delayapp.settings import load_settings
-from tests.support.kafka import Worker
+from tests.support.kafka import Worker, unique, wait_for
 
 LIGHT_CONF = {
     "spark.ui.enabled": "false",
@@ -81,10 +80,12 @@ def spark(request: pytest.FixtureRequest, spark_home: Path, tmp_path_factory: py
 def wait_for_executors(session: object, count: int, timeout_s: float = 120) -> None:
     """Block until ``count`` executors have registered: local-cluster starts them after the
     context, and a job started before then would run on fewer."""
-    from tests.pipelines.kafka_util import eventually
-
     block_managers = session.sparkContext._jsc.sc().getExecutorMemoryStatus  # type: ignore[attr-defined]
-    eventually(lambda: block_managers().size() - 1 >= count, timeout_s, f"{count} executors")  # minus the driver's
+
+    def registered() -> bool:
+        return block_managers().size() - 1 >= count  # minus the driver's
+
+    asyncio.run(wait_for(registered, timeout_s, f"{count} executors", interval=0.5))
 
 
 @pytest.fixture(scope="session")

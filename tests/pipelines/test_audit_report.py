@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
 
 from delayapp.core import headers as h
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
-from delayapp.dev.chaos.procs import unique
 from delayapp.pipelines import audit_report
-from tests.pipelines.kafka_util import make_topics, produce
+from tests.support.kafka import create_topics, produce, unique
 
 WAITING, DELIVERED, DEAD_LETTERED = RecordStatus.WAITING, RecordStatus.DELIVERED, RecordStatus.DEAD_LETTERED
 
@@ -42,7 +42,7 @@ def _dead_letters(prefix: str) -> list[dict]:
 
 def test_audit_report_tables_plots_and_pages(spark, bootstrap, tmp_path):
     prefix = unique("rep")
-    make_topics(bootstrap, f"{prefix}.audit", f"{prefix}.dlq")
+    asyncio.run(create_topics(bootstrap, f"{prefix}.audit", f"{prefix}.dlq", partitions=2))
     produce(bootstrap, f"{prefix}.audit", _audit(prefix))
     produce(bootstrap, f"{prefix}.dlq", _dead_letters(prefix))
     out = str(tmp_path / "report")
@@ -74,7 +74,7 @@ def test_audit_report_tables_plots_and_pages(spark, bootstrap, tmp_path):
 
 def test_time_window_keeps_only_matching_events(spark, bootstrap, tmp_path):
     prefix = unique("rep")
-    make_topics(bootstrap, f"{prefix}.audit", f"{prefix}.dlq")
+    asyncio.run(create_topics(bootstrap, f"{prefix}.audit", f"{prefix}.dlq", partitions=2))
     produce(bootstrap, f"{prefix}.dlq", _dead_letters(prefix))
     out = str(tmp_path / "window")
     args = ["--out", out, "--broker", bootstrap, "--prefix", prefix, "--quiet", "--since", str(T0 + 1_200_000), "--until", str(T0 + 2_400_000)]

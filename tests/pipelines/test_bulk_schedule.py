@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
 
 import pandas as pd
 import pytest
 
 from delayapp.core import headers as h
-from delayapp.dev.chaos.procs import unique
+from delayapp.core.clock import now_ms
 from delayapp.pipelines import bulk_schedule
-from tests.pipelines.kafka_util import eventually, make_topics, read_all
+from tests.support.kafka import create_topics, read_all, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 def _rows(target: str) -> pd.DataFrame:
-    soon = int(time.time() * 1000) + 1_500
+    soon = now_ms() + 1_500
     rows = [{"id": f"{target}-order-{i}", "target": target, "key": f"k{i}", "value": json.dumps({"i": i}), "due_at": str(soon + 50 * i), "delay": None, "headers": json.dumps({"trace": f"t{i}"})} for i in range(8)]
     rows += [{"id": None, "target": target, "key": f"d{i}", "value": f"v{i}", "due_at": None, "delay": f"{300 + 100 * i}ms", "headers": None} for i in range(6)]
     twin = {"id": None, "target": target, "key": "twin", "value": "same", "due_at": None, "delay": "1s", "headers": None}
@@ -26,14 +26,16 @@ def _rows(target: str) -> pd.DataFrame:
 
 def test_bulk_schedule_twice_delivers_each_row_once(spark, bootstrap, engine, tmp_path):
     target = unique("bulk-target-")
-    make_topics(bootstrap, target)
+    asyncio.run(create_topics(bootstrap, target, partitions=2))
     path = str(tmp_path / "rows.parquet")
     _rows(target).to_parquet(path)
     args = ["--input", path, "--broker", bootstrap, "--prefix", engine.prefix, "--quiet"]
     ingress_before = len(read_all(bootstrap, f"{engine.prefix}.ingress"))  # the worker is shared with other tests
 
     assert bulk_schedule.main(args, spark=spark) == 0
-    delivered = eventually(lambda: (lambda r: r if len(r) >= 16 else None)(read_all(bootstrap, target)), 90, "16 deliveries")
+    delivered = asyncio.run(
+        wait_for(lambda: (lambda r: r if len(r) >= 16 else None)(read_all(bootstrap, target)), 90, "16 deliveries", interval=0.5)
+    )
     assert bulk_schedule.main(args, spark=spark) == 0  # the re-run finds every row scheduled
 
     ingress = read_all(bootstrap, f"{engine.prefix}.ingress")

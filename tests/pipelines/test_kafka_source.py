@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from pyspark.sql import functions as F
 
-from delayapp.dev.chaos.procs import unique
 from delayapp.pipelines.kafka_source import FORMAT
-from tests.pipelines.kafka_util import make_topics, produce, read_all
+from tests.support.kafka import create_topics, produce, read_all, unique
 
 pytestmark = pytest.mark.integration
 
 
 def test_write_then_batch_read_round_trip(spark, kafka, bootstrap):
     a, b = unique("rt-a-"), unique("rt-b-")
-    make_topics(bootstrap, a, b)
+    asyncio.run(create_topics(bootstrap, a, b, partitions=2))
     rows = [
         (a if i % 3 else b, f"k{i}".encode(), bytes([i, 0, 255]), [("h", bytearray(b"x%d" % i)), ("empty", None)])
         for i in range(40)
@@ -39,7 +39,7 @@ def test_write_then_batch_read_round_trip(spark, kafka, bootstrap):
 
 def test_batch_read_offset_ranges_and_string_columns(spark, kafka, bootstrap):
     topic = unique("range-")
-    make_topics(bootstrap, topic, partitions=1)
+    asyncio.run(create_topics(bootstrap, topic, partitions=1))
     produce(bootstrap, topic, ({"value": f"v{i}".encode(), "partition": 0} for i in range(30)))
     window = spark.read.format(FORMAT).options(**kafka).option("topic", topic).option("startingOffsets", f'{{"{topic}": {{"0": 10}}}}').option(
         "endingOffsets", f'{{"{topic}": {{"0": 25}}}}'
@@ -47,7 +47,7 @@ def test_batch_read_offset_ranges_and_string_columns(spark, kafka, bootstrap):
     assert [r.offset for r in window.orderBy("offset").collect()] == list(range(10, 25))
 
     out = unique("strings-")
-    make_topics(bootstrap, out, partitions=1)
+    asyncio.run(create_topics(bootstrap, out, partitions=1))
     spark.createDataFrame([("k", "héllo")], "key string, value string").write.format(FORMAT).options(**kafka).option("topic", out).mode("append").save()
     [record] = read_all(bootstrap, out)
     assert (record.key(), record.value()) == (b"k", "héllo".encode())
@@ -60,7 +60,7 @@ def test_missing_topic_is_a_clear_error(spark, kafka):
 
 def test_stream_resumes_from_checkpoint_without_loss_or_duplicates(spark, kafka, bootstrap, tmp_path):
     topic = unique("stream-")
-    make_topics(bootstrap, topic, partitions=3)
+    asyncio.run(create_topics(bootstrap, topic, partitions=3))
     produce(bootstrap, topic, ({"key": b"k%d" % i, "value": b"%d" % i} for i in range(50)))
     sink, checkpoint = str(tmp_path / "sink"), str(tmp_path / "checkpoint")
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
 
 import pytest
 
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
+from delayapp.core.clock import now_ms
 from delayapp.core.ladder import DEFAULT_LADDER
-from delayapp.dev.chaos.procs import unique
 from delayapp.pipelines import optimizer
-from tests.pipelines.kafka_util import make_topics, produce
+from tests.support.kafka import create_topics, produce, unique
 
 WAITING = RecordStatus.WAITING
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.integration
 
 def test_optimizer_from_ingress_requests(spark, bootstrap, tmp_path, capsys):
     prefix = unique("opt")
-    make_topics(bootstrap, f"{prefix}.ingress")
-    now = int(time.time() * 1000)
+    asyncio.run(create_topics(bootstrap, f"{prefix}.ingress", partitions=2))
+    now = now_ms()
     requests = [{"value": b"x", "headers": [("reactivateToTopic", b"t"), ("delayMs", b"7000")]} for _ in range(30)]
     requests += [{"value": b"x", "headers": [("reactivateToTopic", b"t"), ("reactivateAt", str(now + 70_000).encode())], "timestamp": now} for _ in range(30)]
     requests += [{"value": b"x", "headers": [("reactivateToTopic", b"t")]}]  # no due time: ignored
@@ -41,7 +41,7 @@ def test_optimizer_from_ingress_requests(spark, bootstrap, tmp_path, capsys):
 
 def test_optimizer_from_audit_first_hops(spark, bootstrap, tmp_path):
     prefix = unique("opt")
-    make_topics(bootstrap, f"{prefix}.audit")
+    asyncio.run(create_topics(bootstrap, f"{prefix}.audit", partitions=2))
     events = [AuditEvent(f"r{i}", WAITING, 1_000, audit_seq(0, 1, WAITING), 0, 1, "t", awake_at=6_000, reactivate_at=1_000 + 45_000, source="x/0/0") for i in range(10)]
     events += [AuditEvent(f"r{i}", WAITING, 6_000, audit_seq(0, 2, WAITING), 0, 2, "t", reactivate_at=46_000, source="x/0/0") for i in range(10)]  # later hops: not requests
     produce(bootstrap, f"{prefix}.audit", [{"value": e.encode(f"{prefix}.audit", 0, 0)} for e in events])

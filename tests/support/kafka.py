@@ -1,12 +1,24 @@
-"""Helpers for integration tests: the package's worker processes and collectors with test defaults."""
+"""Kafka support for the integration tests, one function per job.
+
+* topics: ``create_topics`` (async; sync tests wrap it in ``asyncio.run``), ``unique`` names;
+* writing: ``producer`` (a started aiokafka producer, for async tests that send as they go),
+  ``produce`` (a batch of records, synchronously, for the Spark tests);
+* reading: ``Collector`` (reads topics in the background while a test runs), ``read_all``
+  (a snapshot of a whole topic, synchronously, read to each partition's end);
+* waiting: ``wait_for`` (poll a condition with a timeout; sync tests wrap it in ``asyncio.run``);
+* the engine: ``Worker`` (a worker process with the test ladder), ``one_second_loop`` (an
+  in-process loop), ``broker_transactions`` (a probe).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+import time
+from typing import Any, Iterable
 
 from aiokafka import AIOKafkaProducer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from delayapp.core.planner import Planner
 from delayapp.dev.chaos.procs import TopicCollector as Collector
@@ -18,8 +30,8 @@ from delayapp.engine.service import build_policy
 from delayapp.settings import load_settings
 
 __all__ = [
-    "Collector", "Worker", "broker_transactions", "create_topics", "one_second_loop", "producer", "unique", "wait_for",
-    "TEST_LADDER", "SESSION_MS",
+    "Collector", "Worker", "broker_transactions", "create_topics", "one_second_loop", "produce", "producer", "read_all",
+    "unique", "wait_for", "TEST_LADDER", "SESSION_MS",
 ]
 
 TEST_LADDER = "200ms,1s,3s"
@@ -66,6 +78,34 @@ async def producer(bootstrap: str) -> AIOKafkaProducer:
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await p.start()
     return p
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[dict]) -> None:
+    """Produce records given as dicts of confluent-kafka ``produce()`` arguments and wait until all
+    are written; linger so batches hold many records."""
+    batch = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for record in records:
+        batch.produce(topic, **record)
+    assert batch.flush(30) == 0
+
+
+def read_all(bootstrap: str, topic: str, timeout_s: float = 30) -> list[Message]:
+    """Every record of ``topic`` (all partitions), read until each partition reports its end."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-reader", "enable.partition.eof": True, "enable.auto.commit": False})
+    partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    out, at_end = [], set()
+    deadline = time.monotonic() + timeout_s
+    while len(at_end) < len(partitions):
+        assert time.monotonic() < deadline, f"{topic} did not reach its end within {timeout_s} s"
+        for message in consumer.consume(500, timeout=0.5):
+            if message.error() is not None and message.error().code() == KafkaError._PARTITION_EOF:
+                at_end.add(message.partition())
+            elif message.error() is None:
+                out.append(message)
+                at_end.discard(message.partition())
+    consumer.close()
+    return out
 
 
 class Worker(WorkerProcess):

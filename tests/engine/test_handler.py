@@ -1,0 +1,121 @@
+"""The record handler with a fixed clock: it answers every input without raising, and routes
+throttled, cancelled and priority records (no Kafka)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from delayapp.core import headers as h
+from delayapp.core.cancel import CancelRequest
+from delayapp.core.ladder import Ladder
+from delayapp.core.layout import TopicLayout
+from delayapp.core.planner import Planner
+from delayapp.core.policies import LOG_APPEND_TIME, Policy, Wait
+from delayapp.core.throttle import DeliverySlots, parse_rates
+from delayapp.engine.handler import RecordHandler
+from tests.support.records import Rec
+
+NOW = 1_800_000_000_000
+LAYOUT = TopicLayout("u", Ladder.parse("1s,5s"))
+POLICY = Policy(max_delay_ms=600_000, max_retries=3, hold_below_ms=1_000)
+
+
+def handler(**kwargs) -> RecordHandler:
+    return RecordHandler(layout=LAYOUT, planner=Planner(LAYOUT.ladder), policy=POLICY, **kwargs)
+
+
+def record(offset: int = 0, topic: str = "u.ingress", **state) -> Rec:
+    headers = h.encode(h.DelayHeaders(reactivate_to_topic="orders", **state))
+    return Rec(topic, 0, offset, NOW - 10, b"k", b"v", headers)
+
+
+# -- any input ------------------------------------------------------------------------------
+
+FUZZ_LAYOUT = TopicLayout("fz", Ladder.parse("1s,5s"))
+FUZZ_HANDLER = RecordHandler(
+    layout=FUZZ_LAYOUT, planner=Planner(FUZZ_LAYOUT.ladder),
+    policy=Policy(max_delay_ms=60_000, max_retries=3, reserved_topics=frozenset(FUZZ_LAYOUT.all_topics), reserved_patterns=("fz.*",)),
+    max_record_bytes=10_000,
+)
+
+header_values = st.one_of(st.none(), st.binary(max_size=24), st.integers(-10, 2 * 10**13).map(lambda i: str(i).encode()))
+header_names = st.sampled_from([*h.DELAY_HEADERS, "other", "ReactivateAt"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    headers=st.lists(st.tuples(header_names, header_values), max_size=8),
+    key=st.one_of(st.none(), st.binary(max_size=8)),
+    value=st.one_of(st.none(), st.binary(max_size=16)),
+    ingress=st.booleans(),
+)
+def test_handler_answers_every_input_without_raising(headers, key, value, ingress) -> None:
+    now = 1_800_000_000_000
+    result = FUZZ_HANDLER.handle(Rec("fz.ingress", 0, 7, now, key, value, headers), now=now, ingress=ingress)
+    if isinstance(result, Wait):
+        assert not ingress and result.until_ms > now
+        return
+    assert len(result) == 1
+    out = result[0]
+    assert out.key == key
+    if out.topic == FUZZ_LAYOUT.dead_letter:
+        names = [n for n, _ in out.headers]
+        assert h.DEAD_LETTER_REASON in names and names[: len(headers)] == [n for n, _ in headers]
+    else:
+        assert out.value == value and not out.topic.startswith("fz.ingress")
+
+
+# -- rate limits ----------------------------------------------------------------------------
+
+
+def test_handler_sends_a_throttled_record_through_the_ladder_or_holds_it() -> None:
+    slots = DeliverySlots(parse_rates("orders=0.5/s"))  # a slot every 2 s
+    hd = handler(slots=slots)
+    [first] = hd.handle(record(0, reactivate_at=NOW), now=NOW, ingress=True)
+    assert first.topic == "orders"
+    [second] = hd.handle(record(1, reactivate_at=NOW), now=NOW, ingress=True)
+    assert second.topic == "u.delay.1s" and dict(second.headers)[h.THROTTLED_UNTIL] == str(NOW + 2_000).encode()
+    fast = DeliverySlots(parse_rates("orders=2/s"))  # next slot in 500 ms: below the smallest hop
+    hd = handler(slots=fast)
+    hd.handle(record(0, reactivate_at=NOW), now=NOW, ingress=True)
+    assert hd.handle(record(1, reactivate_at=NOW), now=NOW, ingress=True) == Wait(NOW + 500)
+    [held] = hd.handle(record(1, reactivate_at=NOW), now=NOW + 500, ingress=True)
+    assert held.topic == "orders" and held.audit.throttled_until == NOW + 500
+
+
+def test_a_record_back_from_its_slot_is_delivered_without_a_new_token() -> None:
+    slots = DeliverySlots(parse_rates("orders=1/s"))
+    slots.reserve("orders", NOW, "someone-else")  # the bucket is empty
+    arrived = record(5, topic="u.delay.1s", record_id="r", time_retried=0, reactivate_at=NOW - 2_000, throttled_until=NOW, awake_at=NOW)
+    [out] = handler(slots=slots).handle(arrived, now=NOW, ingress=False)
+    assert out.topic == "orders" and h.THROTTLED_UNTIL not in dict(out.headers)
+
+
+# -- cancellations --------------------------------------------------------------------------
+
+
+def test_a_cancelled_record_is_dropped_with_a_cancelled_audit_event() -> None:
+    cancels = {"r": CancelRequest("r", NOW)}
+    hd = handler(cancellations=cancels.get)
+    [out] = hd.handle(record(0, record_id="r", reactivate_at=NOW + 9_000), now=NOW, ingress=True)
+    assert out.topic is None and out.audit.status == "cancelled" and out.audit.record_id == "r"
+    later = record(1, record_id="r", reactivate_at=NOW + 9_000)
+    later.timestamp, later.timestamp_type = NOW + 1, LOG_APPEND_TIME  # appended to the ingress after the cancel
+    [out] = hd.handle(later, now=NOW + 2, ingress=True)
+    assert out.topic == "u.delay.5s", "a copy scheduled after the cancel is not cancelled"
+
+
+# -- priority lane --------------------------------------------------------------------------
+
+
+def test_priority_records_take_the_priority_topics_and_lose_the_header_at_the_target() -> None:
+    [hop] = handler().handle(record(0, reactivate_at=NOW + 6_000, priority="high"), now=NOW, ingress=True)
+    assert hop.topic == "u.delay.5s.priority" and hop.audit.priority
+    [plain] = handler(priority_lane=False).handle(record(0, reactivate_at=NOW + 6_000, priority="high"), now=NOW, ingress=True)
+    assert plain.topic == "u.delay.5s"
+    [out] = handler().handle(record(0, reactivate_at=NOW, priority="high"), now=NOW, ingress=True)
+    assert out.topic == "orders" and h.PRIORITY not in dict(out.headers)
+    bad = Rec("u.ingress", 0, 0, NOW, b"k", b"v", [(h.REACTIVATE_TO_TOPIC, b"orders"), (h.DELAY_MS, b"0"), (h.PRIORITY, b"urgent")])
+    [dead] = handler().handle(bad, now=NOW, ingress=True)
+    assert dead.topic == "u.dlq" and dict(dead.headers)[h.DEAD_LETTER_REASON] == b"malformed-header"

@@ -1,0 +1,45 @@
+"""What the command line prints: plan lines, relative times, tables, record states (fixed clock)."""
+
+from __future__ import annotations
+
+from delayapp.core.ladder import Ladder
+from delayapp.core.planner import Hop, Planner
+from delayapp.faustapp.render import plan_text, relative, status_lines, table, truncate
+
+NOW = 1_795_000_000_000  # 2026-11-18T11:06:40Z
+
+
+def test_plan_text() -> None:
+    planner = Planner(Ladder.parse("1s,5s,30s,1m,5m,30m,1h,6h,1d"))
+    assert plan_text(4_740_000, planner.plan(4_740_000)) == "1h19m = 1h + 5m + 5m + 5m + 1m + 1m + 1m + 1m (8 hops)"
+    assert plan_text(1500, [Hop(1000, 1000), Hop(1000, 500)]) == "1s500ms = 1s + 500ms on 1s (2 hops)"
+    assert plan_text(5000, [Hop(5000, 5000)]) == "5s = 5s (1 hop)"
+    assert plan_text(0, []).startswith("0s = due now")
+
+
+def test_relative_rounds_beyond_ten_seconds() -> None:
+    assert relative(NOW + 89_902, NOW) == "in 1m30s"
+    assert relative(NOW + 1_494, NOW) == "in 1s494ms"
+    assert relative(NOW - 3_000, NOW) == "3s ago"
+    assert relative(NOW, NOW) == "now"
+    assert relative(None, NOW) == "-"
+
+
+def test_table_and_truncate() -> None:
+    assert table(("A", "LONGER"), [("x", None), ("yyyy", 2)]).splitlines() == ["A     LONGER", "x     -", "yyyy  2"]
+    assert truncate("a  b\nc", 10) == "a b c"
+    assert truncate("x" * 20, 10) == "xxxxxxx..."
+    assert truncate(None, 10) == "-"
+
+
+def test_status_lines() -> None:
+    state = {
+        "record_id": "r1", "status": "waiting", "at": NOW - 1000, "seq": 3, "retries": 0, "hops": 1, "target": "orders",
+        "awake_at": NOW + 30_000, "reactivate_at": NOW + 90_000, "lateness_ms": None, "reason": None,
+        "topic": "delayapp.delay.30s", "partition": 2, "offset": 17,
+    }
+    lines = status_lines(state, NOW)
+    assert "status      waiting" in lines
+    assert "where       delayapp.delay.30s/2/17" in lines
+    assert "next awake  2026-11-18T11:07:10.000Z (in 30s)" in lines
+    assert "reason      -" in lines
