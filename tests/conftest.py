@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

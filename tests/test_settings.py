@@ -17,7 +17,9 @@ def test_settings_page_lists_every_setting_as_declared() -> None:
 
 
 def test_sasl_and_tls_settings_reach_client_kwargs(tmp_path) -> None:
-    s = load_settings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512", sasl_username="u", sasl_password="pw-XYZZY")
+    s = load_settings(
+        security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512", sasl_username="u", sasl_password="pw-XYZZY"
+    )
     kwargs = s.kafka_client_kwargs()
     assert kwargs["sasl_mechanism"] == "SCRAM-SHA-512" and kwargs["sasl_plain_password"] == "pw-XYZZY"
     assert "pw-XYZZY" not in repr(s) and "pw-XYZZY" not in str(s.describe())
@@ -32,9 +34,15 @@ def test_every_kafka_client_in_the_app_gets_the_security_settings() -> None:
         if "chaos" in path.parts:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in {"AIOKafkaConsumer", "AIOKafkaProducer", "AIOKafkaAdminClient"}:
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in {
+                "AIOKafkaConsumer",
+                "AIOKafkaProducer",
+                "AIOKafkaAdminClient",
+            }:
                 spread = [ast.unparse(k.value) for k in node.keywords if k.arg is None]
                 calls.append((path.name, node.lineno, spread))
     assert len(calls) >= 5
     for name, line, spread in calls:
-        assert any("kafka_client_kwargs" in s or "_admin_kwargs" in s or s in ("common", "kafka") for s in spread), f"{name}:{line} misses the security settings"
+        assert any("kafka_client_kwargs" in s or "_admin_kwargs" in s or s in ("common", "kafka") for s in spread), (
+            f"{name}:{line} misses the security settings"
+        )

@@ -16,8 +16,21 @@ def test_bench_quick_run_writes_well_formed_json(tmp_path, bootstrap: str) -> No
     out = tmp_path / "bench.json"
     env = {**os.environ}
     result = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--sections", "relay,hops,mix", "--broker", bootstrap, "--json", str(out)],
-        capture_output=True, timeout=600, env=env,
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--sections",
+            "relay,hops,mix",
+            "--broker",
+            bootstrap,
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        timeout=600,
+        env=env,
     )
     assert result.returncode == 0, result.stderr.decode()[-3000:]
     data = json.loads(out.read_text())

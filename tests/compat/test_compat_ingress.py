@@ -23,16 +23,26 @@ async def compat(bootstrap: str):
     target, source, destination = unique("cpt-target-"), unique("cpt-source-"), unique("cpt-dest-")
     await create_topics(bootstrap, target, source, destination)
     worker = Worker(
-        bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS="cpt-target-*,cpt-dest-*",
-        DELAYAPP_COMPAT_ENVELOPE="true", DELAYAPP_CESIUM_SOURCE=source, DELAYAPP_CESIUM_DESTINATION=destination,
+        bootstrap,
+        prefix,
+        DELAYAPP_ALLOWED_TARGETS="cpt-target-*,cpt-dest-*",
+        DELAYAPP_COMPAT_ENVELOPE="true",
+        DELAYAPP_CESIUM_SOURCE=source,
+        DELAYAPP_CESIUM_DESTINATION=destination,
     ).start()
     collector = None
     try:
         await worker.wait_ready()  # counts the router and the delay loops
         for loop in ("compat-envelope", "cesium"):
-            await wait_for(lambda: f"] {loop}: assigned" in worker.log, 90, f"the {loop} loop to join its group")
+            await wait_for(
+                lambda loop=loop: f"] {loop}: assigned" in worker.log, 90, f"the {loop} loop to join its group"
+            )
         collector = await Collector(bootstrap, [target, destination, f"{prefix}.dlq"]).start()
-        yield worker, collector, {"target": target, "source": source, "destination": destination, "dlq": f"{prefix}.dlq"}
+        yield (
+            worker,
+            collector,
+            {"target": target, "source": source, "destination": destination, "dlq": f"{prefix}.dlq"},
+        )
     finally:
         if collector is not None:
             await collector.stop()
@@ -43,7 +53,9 @@ async def send(bootstrap: str, topic: str, records: list[tuple[bytes | None, byt
     """Produce (key, value, headers) records in order; their timestamps (epoch ms)."""
     p = await producer(bootstrap)
     try:
-        return [(await p.send_and_wait(topic, value, key=key, headers=headers)).timestamp for key, value, headers in records]
+        return [
+            (await p.send_and_wait(topic, value, key=key, headers=headers)).timestamp for key, value, headers in records
+        ]
     finally:
         await p.stop()
 
@@ -64,10 +76,18 @@ async def test_envelopes_are_delivered_at_their_countdown_with_key_and_caller_se
         f"{run}-1.5s": ({"order": 42, "run": run}, 1.5, orjson.dumps({"order": 42, "run": run})),
         f"{run}-4s": ("four seconds", 4, b"four seconds"),
     }
-    sent = await send(worker.env["DELAYAPP_BROKER"], f"{worker.prefix}.compat.envelope", [
-        (key.encode(), orjson.dumps({"topic": t["target"], "message": message, "countdown": countdown}), [(CALLER_SERVICE, b"billing")])
-        for key, (message, countdown, _) in messages.items()
-    ])
+    sent = await send(
+        worker.env["DELAYAPP_BROKER"],
+        f"{worker.prefix}.compat.envelope",
+        [
+            (
+                key.encode(),
+                orjson.dumps({"topic": t["target"], "message": message, "countdown": countdown}),
+                [(CALLER_SERVICE, b"billing")],
+            )
+            for key, (message, countdown, _) in messages.items()
+        ],
+    )
     due = {key: ts + int(countdown * 1000) for (key, (_, countdown, _)), ts in zip(messages.items(), sent)}
 
     def delivered() -> dict[str, object]:
@@ -98,10 +118,18 @@ async def test_malformed_envelopes_are_dead_lettered_as_sent_and_block_nothing(c
     worker, collector, t = compat
     run = unique("bad-")
     records = [
-        (f"{run}-{case}".encode(), value.replace(b"{target}", t["target"].encode()), [(CALLER_SERVICE, b"billing"), ("case", case.encode())])
+        (
+            f"{run}-{case}".encode(),
+            value.replace(b"{target}", t["target"].encode()),
+            [(CALLER_SERVICE, b"billing"), ("case", case.encode())],
+        )
         for case, value in ENVELOPE_CASES
     ]
-    good = (f"{run}-good".encode(), orjson.dumps({"topic": t["target"], "message": "after the bad ones", "countdown": 0}), [])
+    good = (
+        f"{run}-good".encode(),
+        orjson.dumps({"topic": t["target"], "message": "after the bad ones", "countdown": 0}),
+        [],
+    )
     await send(worker.env["DELAYAPP_BROKER"], f"{worker.prefix}.compat.envelope", [*records, good])
 
     def dead() -> list:
@@ -116,7 +144,9 @@ async def test_malformed_envelopes_are_dead_lettered_as_sent_and_block_nothing(c
         assert letter.value == value, "the dead letter keeps the envelope as it was sent"
         assert first_headers(letter, len(headers)) == headers
         assert out[h.DEAD_LETTER_FROM].startswith(f"{worker.prefix}.compat.envelope/".encode())
-    await wait_for(lambda: [r for r in collector.on(t["target"]) if r.key == good[0]], 20, "the good envelope behind them")
+    await wait_for(
+        lambda: [r for r in collector.on(t["target"]) if r.key == good[0]], 20, "the good envelope behind them"
+    )
     assert worker.alive, "the worker must keep running"
 
 
@@ -141,11 +171,15 @@ async def test_cesium_relay_delays_by_until_and_passes_the_rest_straight_through
     got = await wait_for(relayed, 30, "every source record at the destination")
     for value, ms in due.items():
         assert collector.arrival(got[value]) >= ms, f"{value!r} relayed {ms - collector.arrival(got[value])} ms early"
-    order = [r.value for r in collector.on(t["destination"]) if r.key == b"same-key" and r.value.startswith(run.encode())]
+    order = [
+        r.value for r in collector.on(t["destination"]) if r.key == b"same-key" and r.value.startswith(run.encode())
+    ]
     assert order == [v for _, v, _ in straight], "records without cesium headers pass straight through, in order"
     for key, value, headers in straight + delayed:
         record = got[value]
-        assert record.key == key and first_headers(record, len(headers)) == headers, "relayed as is, cesium headers kept"
+        assert record.key == key and first_headers(record, len(headers)) == headers, (
+            "relayed as is, cesium headers kept"
+        )
         assert h.REACTIVATE_AT not in headers_of(record)
 
 
@@ -170,5 +204,7 @@ async def test_malformed_cesium_headers_are_dead_lettered_and_block_nothing(comp
         assert headers_of(letter)[h.DEAD_LETTER_REASON] == reason.encode()
         assert letter.key == key and first_headers(letter, len(headers)) == headers
         assert headers_of(letter)[h.DEAD_LETTER_FROM].startswith(f"{t['source']}/".encode())
-    await wait_for(lambda: [r for r in collector.on(t["destination"]) if r.value == good[1]], 20, "the good record behind them")
+    await wait_for(
+        lambda: [r for r in collector.on(t["destination"]) if r.value == good[1]], 20, "the good record behind them"
+    )
     assert worker.alive, "the worker must keep running"

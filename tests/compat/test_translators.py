@@ -27,7 +27,9 @@ from delayapp.settings import load_settings
 
 NOW = 1_800_000_000_000
 LAYOUT = TopicLayout("cx", Ladder.parse("1s,5s"), with_compat_envelope=True)
-SETTINGS = load_settings(app_id="cx", topic_prefix="cx", denominations="1s,5s", max_delay="1h", allowed_targets="orders,relayed")
+SETTINGS = load_settings(
+    app_id="cx", topic_prefix="cx", denominations="1s,5s", max_delay="1h", allowed_targets="orders,relayed"
+)
 POLICY = build_policy(SETTINGS, LAYOUT)  # as the engine builds it
 ROUTER = RecordHandler(layout=LAYOUT, planner=Planner(LAYOUT.ladder), policy=POLICY, max_record_bytes=10_000)
 ENVELOPES = envelope_handler(ROUTER)
@@ -62,7 +64,9 @@ def test_message_string_is_delivered_as_utf8_and_other_json_as_compact_json(mess
     assert parse_envelope(envelope(message=message)) == Envelope("orders", delivered, 0)
 
 
-@pytest.mark.parametrize(("countdown", "ms"), [(0, 0), (120, 120_000), (1.5, 1500), (1.1, 1100), (0.0001, 1), (2.0005, 2001)])
+@pytest.mark.parametrize(
+    ("countdown", "ms"), [(0, 0), (120, 120_000), (1.5, 1500), (1.1, 1100), (0.0001, 1), (2.0005, 2001)]
+)
 def test_countdown_seconds_become_milliseconds_rounded_up(countdown, ms) -> None:
     assert parse_envelope(envelope(countdown=countdown)).delay_ms == ms  # type: ignore[union-attr]
 
@@ -116,7 +120,11 @@ def test_null_value_is_a_tombstone() -> None:
 
 def test_record_already_carrying_delayapp_routing_headers_is_refused_not_guessed() -> None:
     verdict = translate_envelope(envelope(), [(h.REACTIVATE_TO_TOPIC, b"payroll")])
-    assert isinstance(verdict, DeadLetter) and verdict.reason is Reason.MALFORMED_HEADER and "reactivateToTopic" in verdict.detail
+    assert (
+        isinstance(verdict, DeadLetter)
+        and verdict.reason is Reason.MALFORMED_HEADER
+        and "reactivateToTopic" in verdict.detail
+    )
 
 
 json_values = st.recursive(
@@ -135,7 +143,12 @@ def test_any_bytes_give_a_translation_or_a_verdict(raw) -> None:
 @settings(max_examples=400, deadline=None)
 @given(
     fields=st.fixed_dictionaries(
-        {}, optional={"topic": st.one_of(json_values, st.sampled_from(["orders", "a.b-c_d", "cx.dlq"])), "message": json_values, "countdown": json_values}
+        {},
+        optional={
+            "topic": st.one_of(json_values, st.sampled_from(["orders", "a.b-c_d", "cx.dlq"])),
+            "message": json_values,
+            "countdown": json_values,
+        },
     ),
     extra=st.dictionaries(st.text(max_size=6), json_values, max_size=2),
 )
@@ -223,7 +236,9 @@ def test_any_cesium_headers_give_a_translation_or_a_verdict(headers, timestamp) 
 
 
 def test_envelope_due_now_is_delivered_with_key_caller_service_and_a_stable_id_from_its_source() -> None:
-    record = Rec(LAYOUT.compat_envelope, 2, 41, NOW - 5, b"k", envelope(message={"id": 1}), [(CALLER_SERVICE, b"billing")])
+    record = Rec(
+        LAYOUT.compat_envelope, 2, 41, NOW - 5, b"k", envelope(message={"id": 1}), [(CALLER_SERVICE, b"billing")]
+    )
     [out] = ENVELOPES.handle(record, now=NOW, ingress=True)  # type: ignore[misc]
     assert (out.topic, out.key, out.value) == ("orders", b"k", b'{"id":1}')
     assert out.headers[0] == (CALLER_SERVICE, b"billing")
@@ -254,7 +269,10 @@ def test_every_dead_letter_keeps_the_source_key_value_and_headers(value, reason)
     [out] = ENVELOPES.handle(record, now=NOW, ingress=True)  # type: ignore[misc]
     assert (out.topic, out.key, out.value) == (LAYOUT.dead_letter, b"k", value)
     assert out.headers[:1] == headers and [n for n, _ in out.headers[1:]] == [
-        h.DEAD_LETTER_REASON, h.DEAD_LETTER_DETAIL, h.DEAD_LETTER_AT, h.DEAD_LETTER_FROM,
+        h.DEAD_LETTER_REASON,
+        h.DEAD_LETTER_DETAIL,
+        h.DEAD_LETTER_AT,
+        h.DEAD_LETTER_FROM,
     ]
     extra = dict(out.headers)
     assert extra[h.DEAD_LETTER_REASON].decode() == reason
@@ -264,7 +282,10 @@ def test_every_dead_letter_keeps_the_source_key_value_and_headers(value, reason)
 def test_cesium_straight_through_keeps_cesium_headers_and_a_near_due_record_waits() -> None:
     passed = Rec("src", 0, 3, NOW, b"k", b"v", [(DELAY_UNTIL, str(NOW - 1).encode())])
     [out] = RELAY.handle(passed, now=NOW, ingress=True)  # type: ignore[misc]
-    assert (out.topic, out.key, out.value) == ("relayed", b"k", b"v") and out.headers[0] == (DELAY_UNTIL, str(NOW - 1).encode())
+    assert (out.topic, out.key, out.value) == ("relayed", b"k", b"v") and out.headers[0] == (
+        DELAY_UNTIL,
+        str(NOW - 1).encode(),
+    )
     soon = Rec("src", 0, 4, NOW, b"k", b"v", [(DELAY_BY, b"300")])
     assert RELAY.handle(soon, now=NOW, ingress=True) == Wait(NOW + 300)  # below the smallest hop: held
 
@@ -272,13 +293,18 @@ def test_cesium_straight_through_keeps_cesium_headers_and_a_near_due_record_wait
 @settings(max_examples=300, deadline=None)
 @given(
     headers=st.lists(
-        st.tuples(st.sampled_from([DELAY_BY, DELAY_UNTIL, CALLER_SERVICE, *h.DELAY_HEADERS]), st.one_of(st.none(), st.binary(max_size=16))),
+        st.tuples(
+            st.sampled_from([DELAY_BY, DELAY_UNTIL, CALLER_SERVICE, *h.DELAY_HEADERS]),
+            st.one_of(st.none(), st.binary(max_size=16)),
+        ),
         max_size=5,
     ),
     value=st.one_of(st.none(), st.binary(max_size=40), json_values.map(lambda v: json.dumps(v).encode())),
     cesium_source=st.booleans(),
 )
-def test_translating_handler_answers_every_input_and_dead_letters_keep_the_original(headers, value, cesium_source) -> None:
+def test_translating_handler_answers_every_input_and_dead_letters_keep_the_original(
+    headers, value, cesium_source
+) -> None:
     record = Rec("src" if cesium_source else LAYOUT.compat_envelope, 0, 5, NOW, b"k", value, headers)
     result = (RELAY if cesium_source else ENVELOPES).handle(record, now=NOW, ingress=True)
     if isinstance(result, Wait):
@@ -295,7 +321,11 @@ def test_envelope_topic_is_owned_only_when_enabled() -> None:
     off = TopicLayout("cx", Ladder.parse("1s"))
     assert "cx.compat.envelope" not in off.all_topics
     assert "cx.compat.envelope" in LAYOUT.all_topics
-    spec = next(s for s in topic_specs(LAYOUT, partitions=2, margin_ms=1, dead_letter_retention_ms=10) if s.name == "cx.compat.envelope")
+    spec = next(
+        s
+        for s in topic_specs(LAYOUT, partitions=2, margin_ms=1, dead_letter_retention_ms=10)
+        if s.name == "cx.compat.envelope"
+    )
     assert spec.dwell_ms == 0 and not spec.compacted
 
 
@@ -325,13 +355,21 @@ def loops_for(**overrides: object) -> list:
 def test_one_loop_per_enabled_source_with_its_own_group() -> None:
     assert loops_for() == []
     envelope_loop, relay = loops_for(compat_envelope=True, cesium_source="src", cesium_destination="relayed")
-    assert (envelope_loop.topic, envelope_loop.group_id, envelope_loop.ingress) == ("cx.compat.envelope", "cx.compat-envelope", True)
+    assert (envelope_loop.topic, envelope_loop.group_id, envelope_loop.ingress) == (
+        "cx.compat.envelope",
+        "cx.compat-envelope",
+        True,
+    )
     assert (relay.topic, relay.group_id, relay.name) == ("src", "cx.cesium", "cesium")
 
 
 @pytest.mark.parametrize(
     ("source", "destination", "words"),
-    [("src", "payroll", "allowed targets"), ("src", "cx.dlq", "delayapp's own"), ("cx.dlq", "relayed", "CESIUM_SOURCE")],
+    [
+        ("src", "payroll", "allowed targets"),
+        ("src", "cx.dlq", "delayapp's own"),
+        ("cx.dlq", "relayed", "CESIUM_SOURCE"),
+    ],
 )
 def test_a_relay_every_record_of_which_would_be_refused_does_not_start(source, destination, words) -> None:
     with pytest.raises(ConfigError, match=words):
@@ -343,5 +381,8 @@ def test_the_engine_hook_sees_translated_targets_so_new_targets_are_looked_up() 
     # targets of the translated records
     [loop] = loops_for(compat_envelope=True)
     assert loop.before_decide is None
-    batch = [Rec("cx.compat.envelope", 0, 1, NOW, None, envelope(topic="orders"), []), Rec("cx.compat.envelope", 0, 2, NOW, None, b"junk", [])]
+    batch = [
+        Rec("cx.compat.envelope", 0, 1, NOW, None, envelope(topic="orders"), []),
+        Rec("cx.compat.envelope", 0, 2, NOW, None, b"junk", []),
+    ]
     assert loop.handler.targets(batch, now=NOW) == {"orders"}

@@ -113,7 +113,9 @@ def test_exactly_the_due_records_are_released_the_lane_first(records: list, elap
         awake[(key, offset)] = NOW + delay
         parts.add(key, fetched(offset, awake={offset: NOW + delay}))
     released, _, _ = decide(parts, NOW + elapsed)
-    assert set(released) == {record for record, at in awake.items() if at <= NOW + elapsed}  # none early, none left behind
+    assert set(released) == {
+        record for record, at in awake.items() if at <= NOW + elapsed
+    }  # none early, none left behind
     assert len(released) == len(set(released))
     lanes = [key == LANE for key, _ in released]
     assert lanes == sorted(lanes, reverse=True)  # every lane record before any other

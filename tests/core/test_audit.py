@@ -32,8 +32,21 @@ from tests.support.records import Rec
 
 NOW = 1_800_000_000_000
 FULL = AuditEvent(
-    "r-1", RecordStatus.DELIVERED, 1000, 11, 1, 1, "orders", awake_at=5, reactivate_at=6, lateness_ms=-1,
-    reason="expired", source="p.ingress/0/7", priority=True, throttled_until=8, delayed_at=9,
+    "r-1",
+    RecordStatus.DELIVERED,
+    1000,
+    11,
+    1,
+    1,
+    "orders",
+    awake_at=5,
+    reactivate_at=6,
+    lateness_ms=-1,
+    reason="expired",
+    source="p.ingress/0/7",
+    priority=True,
+    throttled_until=8,
+    delayed_at=9,
 )
 
 
@@ -56,7 +69,10 @@ def test_the_declared_fields_are_the_json_fields_in_order() -> None:
     assert [name for name, _ in WIRE_FIELDS] == list(orjson.loads(FULL.encode("t", 0, 0)))
     types = dict(WIRE_FIELDS)
     assert (types["status"], types["priority"], types["retries"], types["at"]) == (
-        WireType.TEXT, WireType.FLAG, WireType.INT32, WireType.INT64,
+        WireType.TEXT,
+        WireType.FLAG,
+        WireType.INT32,
+        WireType.INT64,
     )
     assert {types["partition"], types["hops"]} == {WireType.INT32} and types["offset"] is WireType.INT64
     assert set(READ_MODEL_FIELDS) == set(types) - {"source"}
@@ -82,8 +98,18 @@ def test_the_contract_round_trips_into_the_read_model() -> None:
 
 
 def test_an_event_written_before_a_field_existed_still_reads() -> None:
-    older = {"record_id": "r", "status": "waiting", "at": 1, "seq": audit_seq(0, 1, RecordStatus.WAITING),
-             "retries": 0, "hops": 1, "target": "t", "topic": "p.delay.5s", "partition": 0, "offset": 3}
+    older = {
+        "record_id": "r",
+        "status": "waiting",
+        "at": 1,
+        "seq": audit_seq(0, 1, RecordStatus.WAITING),
+        "retries": 0,
+        "hops": 1,
+        "target": "t",
+        "topic": "p.delay.5s",
+        "partition": 0,
+        "offset": 3,
+    }
     store = RecordStateStore(ttl_ms=1_000)
     assert store.apply(b"r", orjson.dumps(older))
     state = store.get(b"r")
@@ -108,7 +134,9 @@ def test_every_status_the_engine_writes_is_a_record_status() -> None:
     """Drive the handler to each outcome: hop, deliver, dead-letter, cancel."""
     cancels = {"gone": CancelRequest("gone", NOW)}
     handler = RecordHandler(
-        layout=LAYOUT, planner=Planner(LAYOUT.ladder), policy=Policy(max_delay_ms=600_000, max_retries=3),
+        layout=LAYOUT,
+        planner=Planner(LAYOUT.ladder),
+        policy=Policy(max_delay_ms=600_000, max_retries=3),
         cancellations=cancels.get,
     )
 

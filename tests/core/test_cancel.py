@@ -25,18 +25,31 @@ def scheduled(offset: int, appended_at: int, *extra: tuple[str, bytes]) -> Simpl
     """An ingress record of id ``r`` appended by the broker at ``appended_at``."""
     headers = [(h.RECORD_ID, b"r"), (h.REACTIVATE_TO_TOPIC, b"orders"), (h.DELAY_MS, b"9000"), *extra]
     return SimpleNamespace(
-        topic="cx.ingress", partition=0, offset=offset, timestamp=appended_at, timestamp_type=LOG_APPEND_TIME,
-        key=b"k", value=b"v", headers=headers,
+        topic="cx.ingress",
+        partition=0,
+        offset=offset,
+        timestamp=appended_at,
+        timestamp_type=LOG_APPEND_TIME,
+        key=b"k",
+        value=b"v",
+        headers=headers,
     )
 
 
-def cancel_record(appended_at: int, body_cancelled_at: int, *, key: bytes = b"r", timestamp_type: int = LOG_APPEND_TIME):
+def cancel_record(
+    appended_at: int, body_cancelled_at: int, *, key: bytes = b"r", timestamp_type: int = LOG_APPEND_TIME
+):
     _, value = encode_cancel(CancelRequest(key.decode(), body_cancelled_at, "why", "who"))
     return SimpleNamespace(key=key, value=value, timestamp=appended_at, timestamp_type=timestamp_type)
 
 
 def outcome(cancels: dict, record: SimpleNamespace, now: int) -> str:
-    handler = RecordHandler(layout=LAYOUT, planner=Planner(LAYOUT.ladder), policy=Policy(max_delay_ms=60_000, max_retries=3), cancellations=cancels.get)
+    handler = RecordHandler(
+        layout=LAYOUT,
+        planner=Planner(LAYOUT.ladder),
+        policy=Policy(max_delay_ms=60_000, max_retries=3),
+        cancellations=cancels.get,
+    )
     [out] = handler.handle(record, now=now, ingress=True)
     return out.audit.status
 
@@ -50,21 +63,35 @@ def registry_with(*records, keep_ms: int = 86_400_000) -> CancelRegistry:
 
 def test_a_cancel_sent_50_ms_after_the_schedule_applies_whatever_the_cancelling_hosts_clock() -> None:
     """The canceller's clock is 200 ms behind: its body says 150 ms before the schedule. It still applies."""
-    request = decode_cancel(b"r", encode_cancel(CancelRequest("r", NOW - 150))[1], timestamp_ms=NOW + 50, timestamp_type=LOG_APPEND_TIME, now_ms=NOW + 60)
+    request = decode_cancel(
+        b"r",
+        encode_cancel(CancelRequest("r", NOW - 150))[1],
+        timestamp_ms=NOW + 50,
+        timestamp_type=LOG_APPEND_TIME,
+        now_ms=NOW + 60,
+    )
     assert request is not None and request.cancelled_at == NOW + 50
     assert outcome({"r": request}, scheduled(0, NOW), NOW + 60) == "cancelled"
 
 
 def test_a_re_schedule_after_the_cancel_is_not_dropped_whatever_the_cancelling_hosts_clock() -> None:
     """The opposite skew: the canceller's clock is 200 ms ahead; the copy scheduled 50 ms after the cancel is kept."""
-    request = decode_cancel(b"r", encode_cancel(CancelRequest("r", NOW + 200))[1], timestamp_ms=NOW, timestamp_type=LOG_APPEND_TIME, now_ms=NOW + 10)
+    request = decode_cancel(
+        b"r",
+        encode_cancel(CancelRequest("r", NOW + 200))[1],
+        timestamp_ms=NOW,
+        timestamp_type=LOG_APPEND_TIME,
+        now_ms=NOW + 10,
+    )
     assert outcome({"r": request}, scheduled(1, NOW + 50), NOW + 60) == "waiting"
     assert outcome({"r": request}, scheduled(2, NOW), NOW + 60) == "cancelled"  # the same millisecond counts as before
 
 
 def test_a_cancel_body_in_seconds_still_applies() -> None:
     """``cancelled_at`` in seconds was accepted and never applied; the body's time no longer decides."""
-    request = decode_cancel(b"r", b'{"cancelled_at": 1800000000}', timestamp_ms=NOW + 5, timestamp_type=LOG_APPEND_TIME, now_ms=NOW + 6)
+    request = decode_cancel(
+        b"r", b'{"cancelled_at": 1800000000}', timestamp_ms=NOW + 5, timestamp_type=LOG_APPEND_TIME, now_ms=NOW + 6
+    )
     assert outcome({"r": request}, scheduled(0, NOW), NOW + 10) == "cancelled"
 
 
@@ -102,7 +129,8 @@ def test_the_registry_keeps_only_cancels_young_enough_to_matter() -> None:
 
 
 def test_without_broker_time_a_cancel_sent_right_after_the_schedule_applies_even_if_the_router_is_slower() -> None:
-    """CreateTime (the embedded broker): scheduled at NOW, cancelled at NOW + 5, the router reads the record at NOW + 100."""
+    """CreateTime (the embedded broker): scheduled at NOW, cancelled at NOW + 5, the router reads
+    the record at NOW + 100."""
     request = decode_cancel(b"r", b"{}", timestamp_ms=NOW + 5, timestamp_type=CREATE_TIME, now_ms=NOW + 10)
     record = scheduled(0, NOW)
     record.timestamp_type = CREATE_TIME

@@ -10,7 +10,15 @@ from delayapp.errors import ConfigError
 
 @pytest.mark.parametrize(
     ("text", "ms"),
-    [("1h19m", 4_740_000), ("500ms", 500), ("1.5s", 1_500), ("7d", 604_800_000), ("250", 250), (" 1m 30s ", 90_000), ("1w", 604_800_000)],
+    [
+        ("1h19m", 4_740_000),
+        ("500ms", 500),
+        ("1.5s", 1_500),
+        ("7d", 604_800_000),
+        ("250", 250),
+        (" 1m 30s ", 90_000),
+        ("1w", 604_800_000),
+    ],
 )
 def test_parse(text: str, ms: int) -> None:
     assert parse_duration(text) == ms

@@ -11,7 +11,12 @@ from delayapp.core.errors import HeaderError
 
 
 def test_round_trip_keeps_other_headers_in_order() -> None:
-    raw = [("traceparent", b"00-abc"), (h.REACTIVATE_AT, b"1700000000000"), ("x", b"\xff\x00"), (h.REACTIVATE_TO_TOPIC, b"orders")]
+    raw = [
+        ("traceparent", b"00-abc"),
+        (h.REACTIVATE_AT, b"1700000000000"),
+        ("x", b"\xff\x00"),
+        (h.REACTIVATE_TO_TOPIC, b"orders"),
+    ]
     state, passthrough = h.decode(raw)
     assert state.reactivate_at == 1_700_000_000_000 and state.reactivate_to_topic == "orders"
     assert passthrough == [("traceparent", b"00-abc"), ("x", b"\xff\x00")]
@@ -19,8 +24,19 @@ def test_round_trip_keeps_other_headers_in_order() -> None:
 
 
 def test_irremovable_drops_removable_headers() -> None:
-    state = h.DelayHeaders(record_id="r1", originated_at=1, time_retried=2, valid_at=3, expire_at=4, delayed_at=5,
-                           reactivate_at=6, reactivate_to_topic="t", awake_at=7, delay_ms=8, delay_hops=9)
+    state = h.DelayHeaders(
+        record_id="r1",
+        originated_at=1,
+        time_retried=2,
+        valid_at=3,
+        expire_at=4,
+        delayed_at=5,
+        reactivate_at=6,
+        reactivate_to_topic="t",
+        awake_at=7,
+        delay_ms=8,
+        delay_hops=9,
+    )
     names = [name for name, _ in h.encode(state.irremovable())]
     assert names == [h.RECORD_ID, h.ORIGINATED_AT, h.TIME_RETRIED, h.VALID_AT, h.EXPIRE_AT]
 
@@ -52,7 +68,14 @@ def test_malformed_headers_raise_with_reason(headers, fragment) -> None:
 
 
 @settings(max_examples=500)
-@given(st.lists(st.tuples(st.sampled_from(list(h.DELAY_HEADERS) + ["other", "x-b3"]), st.one_of(st.none(), st.binary(max_size=30))), max_size=8))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(list(h.DELAY_HEADERS) + ["other", "x-b3"]), st.one_of(st.none(), st.binary(max_size=30))
+        ),
+        max_size=8,
+    )
+)
 def test_fuzzed_headers_decode_or_raise_header_error_only(headers) -> None:
     try:
         state, passthrough = h.decode(headers)

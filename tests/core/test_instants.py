@@ -27,12 +27,15 @@ def test_parse_instant(text: str, relative_to: int | None, expected: int) -> Non
     assert parse_instant(text, now_ms=NOW, relative=relative_to) == expected
 
 
-@pytest.mark.parametrize(("text", "relative_to", "message"), [
-    ("1700000000", None, "seconds?"),  # epoch seconds, not ms
-    ("1h", None, "not a point in time"),  # durations only where the option says what they mean
-    ("yesterday", AGO, "a duration (1h, 90s) meaning that long ago"),
-    ("2026-13-01", FROM_NOW, "from now"),
-])
+@pytest.mark.parametrize(
+    ("text", "relative_to", "message"),
+    [
+        ("1700000000", None, "seconds?"),  # epoch seconds, not ms
+        ("1h", None, "not a point in time"),  # durations only where the option says what they mean
+        ("yesterday", AGO, "a duration (1h, 90s) meaning that long ago"),
+        ("2026-13-01", FROM_NOW, "from now"),
+    ],
+)
 def test_parse_instant_refuses_with_what_is_accepted(text: str, relative_to: int | None, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
         parse_instant(text, now_ms=NOW, relative=relative_to)

@@ -37,14 +37,19 @@ def test_mixes_are_seeded_and_the_skewed_one_sits_on_a_few_values() -> None:
 
 def test_histogram_rounds_and_counts() -> None:
     assert histogram([1_400, 1_600, 2_000, 10]) == [(10, 1), (1_400, 1), (1_600, 1), (2_000, 1)]
-    assert histogram([1_400, 1_600, 2_000, 10], resolution_ms=1_000) == [(1_000, 2), (2_000, 2)]  # 10 ms: at least one unit
+    assert histogram([1_400, 1_600, 2_000, 10], resolution_ms=1_000) == [
+        (1_000, 2),
+        (2_000, 2),
+    ]  # 10 ms: at least one unit
     assert sum(count for _, count in blended_histogram(100)) == 2 * 100
 
 
 def test_expected_hops_is_the_planners_mean_and_infinite_for_a_ladder_too_fine_to_plan() -> None:
     planner = Planner(Ladder.parse(PAPER_STYLE_LADDER))
     delays = realistic_mix(300)
-    assert planner.expected_hops(histogram(delays)) == pytest.approx(sum(planner.hop_count(d) for d in delays) / len(delays))
+    assert planner.expected_hops(histogram(delays)) == pytest.approx(
+        sum(planner.hop_count(d) for d in delays) / len(delays)
+    )
     assert expected_hops((1_000, 5_000), [(10_000, 1), (6_000, 3)]) == (2 + 3 * 2) / 4
     assert expected_hops((1, 86_400_000 * 7), [(5, 1)]) == math.inf  # a table of 1.2 billion entries
     assert planner.expected_hops([]) == 0.0
@@ -55,7 +60,10 @@ def test_the_default_ladder_has_fewer_hops_than_the_paper_style_one_on_both_mixe
     new, old = Planner(Ladder.parse(DEFAULT_LADDER)), Planner(Ladder.parse(PAPER_STYLE_LADDER))
     assert len(new.ladder.denominations) == len(old.ladder.denominations) == 9  # the same topic budget
     assert new.ladder.smallest == old.ladder.smallest == 1_000  # the same partial-hop lateness bound
-    means = {name: (old.expected_hops(histogram(make(REFERENCE_SIZE))), new.expected_hops(histogram(make(REFERENCE_SIZE)))) for name, make in MIXES.items()}
+    means = {
+        name: (old.expected_hops(histogram(make(REFERENCE_SIZE))), new.expected_hops(histogram(make(REFERENCE_SIZE))))
+        for name, make in MIXES.items()
+    }
     assert [round(x, 2) for x in means["realistic"]] == [8.62, 6.61]  # as the README and the bench say
     assert [round(x, 2) for x in means["skewed"]] == [2.00, 1.74]
     assert new.worst_case_hops(SEVEN_DAYS) == 32 < old.worst_case_hops(SEVEN_DAYS) == 35
@@ -112,4 +120,7 @@ def test_the_bench_prints_mean_hops_of_both_ladders_on_both_mixes_without_a_brok
     assert "mean hops, realistic mix: paper-style ladder -> default: 8.62 -> 6.61 (23% fewer)" in printed
     assert "mean hops, skewed mix: paper-style ladder -> default: 2.00 -> 1.74 (13% fewer)" in printed
     data = json.loads(out.read_text())
-    assert data["broker"] == "no broker needed" and data["mix"]["mean_hops"] == data["mix"]["mixes"]["realistic"]["mean_hops"]
+    assert (
+        data["broker"] == "no broker needed"
+        and data["mix"]["mean_hops"] == data["mix"]["mixes"]["realistic"]["mean_hops"]
+    )

@@ -9,11 +9,24 @@ from delayapp.core.layout import TopicLayout, retention_problems, retired_delay_
 def test_topic_layout_names_and_retention_checks() -> None:
     layout = TopicLayout("dx", Ladder.parse("1s,1h"))
     assert layout.all_topics == [
-        "dx.ingress", "dx.delay.1s", "dx.delay.1h", "dx.delay.1s.priority", "dx.delay.1h.priority",
-        "dx.dlq", "dx.audit", "dx.record-states", "dx.cancel", "dx.dlq.replayed", "dx.clock",
+        "dx.ingress",
+        "dx.delay.1s",
+        "dx.delay.1h",
+        "dx.delay.1s.priority",
+        "dx.delay.1h.priority",
+        "dx.dlq",
+        "dx.audit",
+        "dx.record-states",
+        "dx.cancel",
+        "dx.dlq.replayed",
+        "dx.clock",
     ]
     specs = topic_specs(layout, partitions=3, margin_ms=60_000, dead_letter_retention_ms=86_400_000)
-    assert all(s.retention_ms >= s.required_retention_ms(60_000) for s in specs if not s.compacted or s.cleanup_policy == "compact,delete")
+    assert all(
+        s.retention_ms >= s.required_retention_ms(60_000)
+        for s in specs
+        if not s.compacted or s.cleanup_policy == "compact,delete"
+    )
     assert {s.name for s in specs if s.compacted} == {"dx.record-states", "dx.cancel", "dx.dlq.replayed", "dx.clock"}
     states = next(s for s in specs if s.name == "dx.record-states")
     # a record's last step outlives the longest delay (a week by default) by the TTL (a day)
@@ -24,6 +37,13 @@ def test_topic_layout_names_and_retention_checks() -> None:
 
 def test_delay_topics_of_another_ladder_are_found_and_nothing_else() -> None:
     layout = TopicLayout("dx", Ladder.parse("1s,1h"))
-    existing = {*layout.all_topics, "dx.delay.5s", "dx.delay.5s.priority", "dxy.delay.5s", "other.delay.5s", "dx.dlq.replayed"}
+    existing = {
+        *layout.all_topics,
+        "dx.delay.5s",
+        "dx.delay.5s.priority",
+        "dxy.delay.5s",
+        "other.delay.5s",
+        "dx.dlq.replayed",
+    }
     assert retired_delay_topics(layout, existing) == ["dx.delay.5s", "dx.delay.5s.priority"]
     assert retired_delay_topics(layout, layout.all_topics) == []

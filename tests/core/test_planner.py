@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import assume, given, settings
@@ -17,7 +17,7 @@ def brute_force_min_hops(ladder: tuple[int, ...], remaining: int) -> int:
     """Independent reference: every split into full hops (naive DP over all amounts) plus an
     optional partial final hop of length p on topic d with d - p < smallest."""
 
-    @lru_cache(maxsize=None)
+    @cache
     def full(amount: int) -> float:
         if amount == 0:
             return 0

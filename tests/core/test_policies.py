@@ -24,15 +24,21 @@ from delayapp.core.policies import (
 NOW = 1_800_000_000_000
 PLANNER = Planner(Ladder.parse("1s,5s,1m"))
 POLICY = Policy(
-    max_delay_ms=3_600_000, max_retries=3, allowed_targets=("orders", "payments.*"),
-    reserved_topics=frozenset({"delayapp.ingress", "delayapp.dlq"}), reserved_patterns=("delayapp.*",),
+    max_delay_ms=3_600_000,
+    max_retries=3,
+    allowed_targets=("orders", "payments.*"),
+    reserved_topics=frozenset({"delayapp.ingress", "delayapp.dlq"}),
+    reserved_patterns=("delayapp.*",),
 )
 
 
 def admitted(**fields) -> DelayHeaders:
     state = admit(
         DelayHeaders(**{"reactivate_to_topic": "orders", **fields}),
-        now_ms=NOW, record_timestamp_ms=NOW - 100, timestamp_type=LOG_APPEND_TIME, record_id="rid",
+        now_ms=NOW,
+        record_timestamp_ms=NOW - 100,
+        timestamp_type=LOG_APPEND_TIME,
+        record_id="rid",
     )
     assert isinstance(state, DelayHeaders), state
     return state
@@ -54,7 +60,10 @@ def test_admit_stamps_irremovable_headers_once() -> None:
 def test_admit_counts_delay_from_now_when_producer_clock_is_ahead() -> None:
     state = admit(
         DelayHeaders(reactivate_to_topic="orders", delay_ms=10),
-        now_ms=NOW, record_timestamp_ms=NOW + 60_000, timestamp_type=CREATE_TIME, record_id="r",
+        now_ms=NOW,
+        record_timestamp_ms=NOW + 60_000,
+        timestamp_type=CREATE_TIME,
+        record_id="r",
     )
     assert state.reactivate_at == NOW + 10
 
@@ -68,7 +77,11 @@ def test_admit_counts_delay_from_now_when_producer_clock_is_ahead() -> None:
 )
 def test_admit_refuses(fields, reason) -> None:
     verdict = admit(
-        DelayHeaders(reactivate_to_topic="orders", **fields), now_ms=NOW, record_timestamp_ms=NOW, timestamp_type=LOG_APPEND_TIME, record_id="r",
+        DelayHeaders(reactivate_to_topic="orders", **fields),
+        now_ms=NOW,
+        record_timestamp_ms=NOW,
+        timestamp_type=LOG_APPEND_TIME,
+        record_id="r",
     )
     assert isinstance(verdict, DeadLetter) and verdict.reason is reason
 

@@ -19,7 +19,14 @@ DEAD_LETTERED, CANCELLED = RecordStatus.DEAD_LETTERED, RecordStatus.CANCELLED
 
 
 def state(record_id: str, status: RecordStatus, at: int, retries: int = 0, hops: int = 1) -> dict:
-    return {"record_id": record_id, "status": status, "at": at, "seq": audit_seq(retries, hops, status), "retries": retries, "hops": hops}
+    return {
+        "record_id": record_id,
+        "status": status,
+        "at": at,
+        "seq": audit_seq(retries, hops, status),
+        "retries": retries,
+        "hops": hops,
+    }
 
 
 def apply(events: list[dict]) -> dict | None:
@@ -169,6 +176,7 @@ steps = st.lists(
     ),
     max_size=60,
 )
+
 
 @settings(max_examples=300, deadline=None)
 @given(steps)

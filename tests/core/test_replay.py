@@ -12,14 +12,27 @@ NOW = 1_700_000_000_000
 
 
 def dead(reason: str = "unknown-target", target: str = "orders", at: int = NOW, extra=()) -> list:
-    original = [("trace", b"t-1"), (h.RECORD_ID, b"r-1"), (h.TIME_RETRIED, b"2"), (h.REACTIVATE_TO_TOPIC, target.encode()),
-                (h.REACTIVATE_AT, b"1700000000500"), (h.AWAKE_AT, b"1700000000400"), *extra]
+    original = [
+        ("trace", b"t-1"),
+        (h.RECORD_ID, b"r-1"),
+        (h.TIME_RETRIED, b"2"),
+        (h.REACTIVATE_TO_TOPIC, target.encode()),
+        (h.REACTIVATE_AT, b"1700000000500"),
+        (h.AWAKE_AT, b"1700000000400"),
+        *extra,
+    ]
     return h.dead_letter_headers(original, reason=reason, detail="why", now_ms=at, source="x.delay.1s/0/7")
 
 
 def test_dead_letter_info_reads_what_the_engine_writes() -> None:
     info = dead_letter_info(dead())
-    assert (info.reason, info.target, info.record_id, info.at_ms, info.origin) == ("unknown-target", "orders", "r-1", NOW, "x.delay.1s/0/7")
+    assert (info.reason, info.target, info.record_id, info.at_ms, info.origin) == (
+        "unknown-target",
+        "orders",
+        "r-1",
+        NOW,
+        "x.delay.1s/0/7",
+    )
     assert not info.value_dropped
 
 
@@ -27,7 +40,9 @@ def test_filter_by_reason_target_and_time() -> None:
     assert ReplayFilter().matches(dead())
     assert ReplayFilter(reasons=frozenset({"unknown-target", "expired"})).matches(dead())
     assert not ReplayFilter(reasons=frozenset({"expired"})).matches(dead())
-    assert ReplayFilter(target_pattern="ord*").matches(dead()) and not ReplayFilter(target_pattern="pay*").matches(dead())
+    assert ReplayFilter(target_pattern="ord*").matches(dead()) and not ReplayFilter(target_pattern="pay*").matches(
+        dead()
+    )
     assert ReplayFilter(since_ms=NOW, until_ms=NOW + 1).matches(dead())
     assert not ReplayFilter(until_ms=NOW).matches(dead())  # until is excluded
     assert not ReplayFilter(since_ms=NOW).matches([("x", b"y")])  # no deadLetterAt: not in any window

@@ -29,44 +29,61 @@ def test_a_delay_counts_from_entry_and_valid_at_raises_the_due_time() -> None:
 
 def test_headers_are_the_header_contract_extra_headers_first() -> None:
     request = ScheduleRequest(
-        "orders", delay_ms=90_000, record_id="r-1", valid_at_ms=NOW + 1, expire_at_ms=NOW + HOUR,
-        priority="high", headers=(("trace", b"t"),),
+        "orders",
+        delay_ms=90_000,
+        record_id="r-1",
+        valid_at_ms=NOW + 1,
+        expire_at_ms=NOW + HOUR,
+        priority="high",
+        headers=(("trace", b"t"),),
     )
     request.validate(now_ms=NOW)
     assert request.to_headers() == [
-        ("trace", b"t"), (h.RECORD_ID, b"r-1"),
-        (h.VALID_AT, str(NOW + 1).encode()), (h.EXPIRE_AT, str(NOW + HOUR).encode()),
-        (h.REACTIVATE_TO_TOPIC, b"orders"), (h.DELAY_MS, b"90000"), (h.PRIORITY, b"high"),
+        ("trace", b"t"),
+        (h.RECORD_ID, b"r-1"),
+        (h.VALID_AT, str(NOW + 1).encode()),
+        (h.EXPIRE_AT, str(NOW + HOUR).encode()),
+        (h.REACTIVATE_TO_TOPIC, b"orders"),
+        (h.DELAY_MS, b"90000"),
+        (h.PRIORITY, b"high"),
     ]
     normal = ScheduleRequest("orders", at_ms=NOW, priority="normal").to_headers()
     assert normal == [(h.REACTIVATE_AT, str(NOW).encode()), (h.REACTIVATE_TO_TOPIC, b"orders")]  # no priority header
 
 
-@pytest.mark.parametrize("request_, words", [
-    (ScheduleRequest("orders"), "exactly one of delay and at"),
-    (ScheduleRequest("orders", delay_ms=1, at_ms=NOW), "exactly one of delay and at"),
-    (ScheduleRequest("", delay_ms=1), "target: required"),
-    (ScheduleRequest("bad topic!", delay_ms=1), "not a valid Kafka topic name"),
-    (ScheduleRequest("orders", delay_ms=1, record_id="with space"), "printable ASCII"),
-    (ScheduleRequest("orders", delay_ms=1, record_id="x" * 201), "printable ASCII"),
-    (ScheduleRequest("orders", delay_ms=-1), "negative"),
-    (ScheduleRequest("orders", delay_ms="5"), "whole milliseconds"),  # type: ignore[arg-type]
-    (ScheduleRequest("orders", at_ms=True), "whole milliseconds"),  # type: ignore[arg-type]
-    (ScheduleRequest("orders", at_ms=1_700_000_000), "epoch seconds given"),
-    (ScheduleRequest("orders", delay_ms=1, valid_at_ms=0), "is 0"),
-    (ScheduleRequest("orders", delay_ms=1, priority="urgent"), "priority: one of high, normal"),
-    (ScheduleRequest("orders", delay_ms=1, headers=((h.DELAY_MS, b"5"),)), "delayMs is delayapp's own"),
-    (ScheduleRequest("orders", delay_ms=1, headers=((h.AWAKE_AT, b"1"), (h.DEAD_LETTER_REASON, b"x"))),
-     "awakeAt, deadLetterReason are delayapp's own"),
-    (ScheduleRequest("orders", delay_ms=1, headers=(("trace", "text"),)), "value bytes"),  # type: ignore[arg-type]
-    (ScheduleRequest("orders", delay_ms=MAX_DELAY + 1), "beyond the maximum delay of 1d"),
-    (ScheduleRequest("orders", at_ms=NOW + MAX_DELAY + 1), "delay-too-long"),
-    (ScheduleRequest("orders", delay_ms=HOUR, valid_at_ms=NOW + MAX_DELAY + 1), "delay-too-long"),
-    (ScheduleRequest("orders", delay_ms=10 * 60_000, expire_at_ms=NOW + 60_000), "expires-before-due"),
-    (ScheduleRequest("orders", delay_ms=60_000, expire_at_ms=NOW + 60_000), "expires-before-due"),  # at the due time
-    (ScheduleRequest("orders", delay_ms=1, valid_at_ms=NOW + 9, expire_at_ms=NOW + 9), "expires-before-due"),
-    (ScheduleRequest("orders", at_ms=NOW - 9_000, expire_at_ms=NOW - 1_000), "expired"),
-])
+@pytest.mark.parametrize(
+    "request_, words",
+    [
+        (ScheduleRequest("orders"), "exactly one of delay and at"),
+        (ScheduleRequest("orders", delay_ms=1, at_ms=NOW), "exactly one of delay and at"),
+        (ScheduleRequest("", delay_ms=1), "target: required"),
+        (ScheduleRequest("bad topic!", delay_ms=1), "not a valid Kafka topic name"),
+        (ScheduleRequest("orders", delay_ms=1, record_id="with space"), "printable ASCII"),
+        (ScheduleRequest("orders", delay_ms=1, record_id="x" * 201), "printable ASCII"),
+        (ScheduleRequest("orders", delay_ms=-1), "negative"),
+        (ScheduleRequest("orders", delay_ms="5"), "whole milliseconds"),  # type: ignore[arg-type]
+        (ScheduleRequest("orders", at_ms=True), "whole milliseconds"),  # type: ignore[arg-type]
+        (ScheduleRequest("orders", at_ms=1_700_000_000), "epoch seconds given"),
+        (ScheduleRequest("orders", delay_ms=1, valid_at_ms=0), "is 0"),
+        (ScheduleRequest("orders", delay_ms=1, priority="urgent"), "priority: one of high, normal"),
+        (ScheduleRequest("orders", delay_ms=1, headers=((h.DELAY_MS, b"5"),)), "delayMs is delayapp's own"),
+        (
+            ScheduleRequest("orders", delay_ms=1, headers=((h.AWAKE_AT, b"1"), (h.DEAD_LETTER_REASON, b"x"))),
+            "awakeAt, deadLetterReason are delayapp's own",
+        ),
+        (ScheduleRequest("orders", delay_ms=1, headers=(("trace", "text"),)), "value bytes"),  # type: ignore[arg-type]
+        (ScheduleRequest("orders", delay_ms=MAX_DELAY + 1), "beyond the maximum delay of 1d"),
+        (ScheduleRequest("orders", at_ms=NOW + MAX_DELAY + 1), "delay-too-long"),
+        (ScheduleRequest("orders", delay_ms=HOUR, valid_at_ms=NOW + MAX_DELAY + 1), "delay-too-long"),
+        (ScheduleRequest("orders", delay_ms=10 * 60_000, expire_at_ms=NOW + 60_000), "expires-before-due"),
+        (
+            ScheduleRequest("orders", delay_ms=60_000, expire_at_ms=NOW + 60_000),
+            "expires-before-due",
+        ),  # at the due time
+        (ScheduleRequest("orders", delay_ms=1, valid_at_ms=NOW + 9, expire_at_ms=NOW + 9), "expires-before-due"),
+        (ScheduleRequest("orders", at_ms=NOW - 9_000, expire_at_ms=NOW - 1_000), "expired"),
+    ],
+)
 def test_validation_refuses_what_the_router_would_dead_letter(request_: ScheduleRequest, words: str) -> None:
     with pytest.raises(ScheduleError, match=words) as refused:
         request_.validate(now_ms=NOW, max_delay_ms=MAX_DELAY)

@@ -14,8 +14,14 @@ pytestmark = pytest.mark.integration
 
 async def test_short_chaos_run_loses_nothing_and_releases_nothing_early() -> None:
     config = ChaosConfig(
-        records=3_000, faults=4, fault_gap_s=(6.0, 9.0), cut_s=(10.0, 12.0), spread_s=75.0,
-        broker=os.environ.get("DELAYAPP_TEST_BROKER"), seed=11, drain_timeout_s=150.0,
+        records=3_000,
+        faults=4,
+        fault_gap_s=(6.0, 9.0),
+        cut_s=(10.0, 12.0),
+        spread_s=75.0,
+        broker=os.environ.get("DELAYAPP_TEST_BROKER"),
+        seed=11,
+        drain_timeout_s=150.0,
     )
     result = await ChaosRun(config).run()
     print("\n" + result.table())

@@ -23,14 +23,18 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 3
 
 
-async def schedule_spread(bootstrap: str, prefix: str, target: str, count: int, first_ms: int, step_ms: int, key: str) -> dict[bytes, int]:
+async def schedule_spread(
+    bootstrap: str, prefix: str, target: str, count: int, first_ms: int, step_ms: int, key: str
+) -> dict[bytes, int]:
     """Schedule ``count`` records due ``first_ms``, ``first_ms + step_ms``... from now; key -> due."""
     sent: dict[bytes, int] = {}
     p = await producer(bootstrap)
     try:
         for i in range(count):
             due = now_ms() + first_ms + step_ms * i
-            await schedule(p, target, str(due).encode(), key=f"{key}{i}".encode(), at=due, ingress_topic=f"{prefix}.ingress")
+            await schedule(
+                p, target, str(due).encode(), key=f"{key}{i}".encode(), at=due, ingress_topic=f"{prefix}.ingress"
+            )
             sent[f"{key}{i}".encode()] = due
     finally:
         await p.stop()
@@ -41,7 +45,9 @@ async def schedule_spread(bootstrap: str, prefix: str, target: str, count: int, 
 async def engine(bootstrap: str):
     """One worker shared by this module's tests (each test uses its own target topic)."""
     prefix = unique("it")
-    worker = Worker(bootstrap, prefix, DELAYAPP_PARTITIONS=str(PARTITIONS), DELAYAPP_ALLOWED_TARGETS="it-target-*,it-other").start()
+    worker = Worker(
+        bootstrap, prefix, DELAYAPP_PARTITIONS=str(PARTITIONS), DELAYAPP_ALLOWED_TARGETS="it-target-*,it-other"
+    ).start()
     try:
         await worker.wait_ready()
         yield worker
@@ -49,7 +55,9 @@ async def engine(bootstrap: str):
         worker.stop()
 
 
-async def test_mixed_delays_arrive_exactly_once_never_early_headers_per_contract(bootstrap: str, engine: Worker) -> None:
+async def test_mixed_delays_arrive_exactly_once_never_early_headers_per_contract(
+    bootstrap: str, engine: Worker
+) -> None:
     target = unique("it-target-")
     await create_topics(bootstrap, target, partitions=PARTITIONS)
     collector = await Collector(bootstrap, [target]).start()
@@ -61,7 +69,12 @@ async def test_mixed_delays_arrive_exactly_once_never_early_headers_per_contract
             key = f"order-{i}".encode()
             due = now_ms() + delays[i % len(delays)] - (500 if i % 13 == 0 else 0)  # some already due
             await schedule(
-                p, target, orjson.dumps({"i": i, "due": due}), key=key, at=due, ingress_topic=f"{engine.prefix}.ingress",
+                p,
+                target,
+                orjson.dumps({"i": i, "due": due}),
+                key=key,
+                at=due,
+                ingress_topic=f"{engine.prefix}.ingress",
                 headers=[("traceparent", f"00-{i}".encode()), ("bin", b"\x00\xff")],
             )
             sent[key] = due
@@ -87,7 +100,9 @@ async def test_mixed_delays_arrive_exactly_once_never_early_headers_per_contract
     print(f"lateness ms p50={lateness[len(lateness) // 2]} max={lateness[-1]}")
 
 
-async def test_waiting_partition_does_not_hold_others_and_long_wait_causes_no_rebalance(bootstrap: str, engine: Worker) -> None:
+async def test_waiting_partition_does_not_hold_others_and_long_wait_causes_no_rebalance(
+    bootstrap: str, engine: Worker
+) -> None:
     """A head waiting 9 s (> the 6 s session timeout) in partition 0 of the 3 s topic must not
     delay a due record in partition 1, and must not trigger a rebalance."""
     target = unique("it-target-")
@@ -100,7 +115,12 @@ async def test_waiting_partition_does_not_hold_others_and_long_wait_causes_no_re
     waiting_due = start + 9_000
     try:
         common = {h.REACTIVATE_TO_TOPIC: target.encode(), h.ORIGINATED_AT: str(start).encode(), h.TIME_RETRIED: b"0"}
-        waiting = {**common, h.REACTIVATE_AT: str(waiting_due).encode(), h.AWAKE_AT: str(waiting_due).encode(), h.RECORD_ID: b"waiting"}
+        waiting = {
+            **common,
+            h.REACTIVATE_AT: str(waiting_due).encode(),
+            h.AWAKE_AT: str(waiting_due).encode(),
+            h.RECORD_ID: b"waiting",
+        }
         await p.send_and_wait(delay_topic, b"waits", key=b"w", partition=0, headers=list(waiting.items()))
         await asyncio.sleep(0.5)
         due_now = {**common, h.REACTIVATE_AT: str(start).encode(), h.AWAKE_AT: str(start).encode(), h.RECORD_ID: b"due"}
@@ -113,7 +133,9 @@ async def test_waiting_partition_does_not_hold_others_and_long_wait_causes_no_re
     await collector.stop()
     released = next(r for r in collector.on(target) if r.value == b"waits")
     assert released.timestamp >= waiting_due
-    assert engine.log.count(f"for group {engine.prefix}.delay.3s") == revokes_before, "a rebalance happened during the wait"
+    assert engine.log.count(f"for group {engine.prefix}.delay.3s") == revokes_before, (
+        "a rebalance happened during the wait"
+    )
 
 
 BAD_INPUTS = [
@@ -132,14 +154,16 @@ BAD_INPUTS = [
 ]
 
 
-async def test_bad_input_is_dead_lettered_with_reason_and_good_records_keep_flowing(bootstrap: str, engine: Worker) -> None:
+async def test_bad_input_is_dead_lettered_with_reason_and_good_records_keep_flowing(
+    bootstrap: str, engine: Worker
+) -> None:
     target = unique("it-target-")
     await create_topics(bootstrap, target, partitions=PARTITIONS)
     dlq = f"{engine.prefix}.dlq"
     collector = await Collector(bootstrap, [target, dlq]).start()
     p = await producer(bootstrap)
     try:
-        for n, (reason, fields) in enumerate(BAD_INPUTS):
+        for n, (_reason, fields) in enumerate(BAD_INPUTS):
             headers = {h.REACTIVATE_TO_TOPIC: target.encode()}
             headers.update({k: v for k, v in fields.items() if not k.startswith("_")})
             if "_target" in fields:
@@ -149,13 +173,19 @@ async def test_bad_input_is_dead_lettered_with_reason_and_good_records_keep_flow
             hdrs = [("keep", b"me")] + list(headers.items())
             # same key as the good records: same partition, so a stuck record would block them
             await p.send_and_wait(f"{engine.prefix}.ingress", f"bad-{n}".encode(), key=b"same", headers=hdrs)
-            await schedule(p, target, f"good-{n}".encode(), key=b"same", delay=50, ingress_topic=f"{engine.prefix}.ingress")
+            await schedule(
+                p, target, f"good-{n}".encode(), key=b"same", delay=50, ingress_topic=f"{engine.prefix}.ingress"
+            )
     finally:
         await p.stop()
-    await wait_for(lambda: len(collector.on(target)) >= len(BAD_INPUTS) and len(collector.on(dlq)) >= len(BAD_INPUTS), 30, "dead letters and deliveries")
+    await wait_for(
+        lambda: len(collector.on(target)) >= len(BAD_INPUTS) and len(collector.on(dlq)) >= len(BAD_INPUTS),
+        30,
+        "dead letters and deliveries",
+    )
     await collector.stop()
     dead = {r.value: dict(r.headers) for r in collector.on(dlq)}
-    for n, (reason, fields) in enumerate(BAD_INPUTS):
+    for n, (reason, _fields) in enumerate(BAD_INPUTS):
         headers = dead[f"bad-{n}".encode()]
         assert headers[h.DEAD_LETTER_REASON].decode() == reason, (n, headers)
         assert headers[h.DEAD_LETTER_DETAIL] and headers["keep"] == b"me"
@@ -164,7 +194,9 @@ async def test_bad_input_is_dead_lettered_with_reason_and_good_records_keep_flow
     assert engine.process is not None and engine.process.poll() is None, "the worker must keep running"
 
 
-async def test_every_audited_step_is_written_to_the_record_states_topic_and_served(bootstrap: str, engine: Worker) -> None:
+async def test_every_audited_step_is_written_to_the_record_states_topic_and_served(
+    bootstrap: str, engine: Worker
+) -> None:
     """The engine writes each published step twice in the hop's batch: to the audit stream
     (history) and to the compacted record-states topic the read model folds; the view serves it."""
     target = unique("it-target-")
@@ -173,7 +205,15 @@ async def test_every_audited_step_is_written_to_the_record_states_topic_and_serv
     collector = await Collector(bootstrap, [target, states, audit]).start()
     p = await producer(bootstrap)
     try:
-        await schedule(p, target, b"tracked", key=b"t", delay=2_500, record_id="tracked-1", ingress_topic=f"{engine.prefix}.ingress")
+        await schedule(
+            p,
+            target,
+            b"tracked",
+            key=b"t",
+            delay=2_500,
+            record_id="tracked-1",
+            ingress_topic=f"{engine.prefix}.ingress",
+        )
     finally:
         await p.stop()
 
@@ -192,8 +232,11 @@ async def test_every_audited_step_is_written_to_the_record_states_topic_and_serv
     await collector.stop()
     assert state["target"] == target and state["hops"] >= 2 and state["lateness_ms"] >= 0
     # entered and delivered only: the hops in between are not published (DELAYAPP_AUDIT_HOPS)
-    assert steps(states) == steps(audit) and [(e["status"], e["hops"]) for e in steps(audit)] == [("waiting", 1), ("delivered", state["hops"])]
-    assert all("value" not in e and "tracked" != e.get("payload") for e in steps(audit))  # ids and times only
+    assert steps(states) == steps(audit) and [(e["status"], e["hops"]) for e in steps(audit)] == [
+        ("waiting", 1),
+        ("delivered", state["hops"]),
+    ]
+    assert all("value" not in e and e.get("payload") != "tracked" for e in steps(audit))  # ids and times only
 
 
 async def test_worker_killed_mid_delay_loses_nothing(bootstrap: str) -> None:

@@ -34,12 +34,20 @@ def record(offset: int = 0, topic: str = "u.ingress", **state) -> Rec:
 
 FUZZ_LAYOUT = TopicLayout("fz", Ladder.parse("1s,5s"))
 FUZZ_HANDLER = RecordHandler(
-    layout=FUZZ_LAYOUT, planner=Planner(FUZZ_LAYOUT.ladder),
-    policy=Policy(max_delay_ms=60_000, max_retries=3, reserved_topics=frozenset(FUZZ_LAYOUT.all_topics), reserved_patterns=("fz.*",)),
+    layout=FUZZ_LAYOUT,
+    planner=Planner(FUZZ_LAYOUT.ladder),
+    policy=Policy(
+        max_delay_ms=60_000,
+        max_retries=3,
+        reserved_topics=frozenset(FUZZ_LAYOUT.all_topics),
+        reserved_patterns=("fz.*",),
+    ),
     max_record_bytes=10_000,
 )
 
-header_values = st.one_of(st.none(), st.binary(max_size=24), st.integers(-10, 2 * 10**13).map(lambda i: str(i).encode()))
+header_values = st.one_of(
+    st.none(), st.binary(max_size=24), st.integers(-10, 2 * 10**13).map(lambda i: str(i).encode())
+)
 header_names = st.sampled_from([*h.DELAY_HEADERS, "other", "ReactivateAt"])
 
 
@@ -87,7 +95,15 @@ def test_handler_sends_a_throttled_record_through_the_ladder_or_holds_it() -> No
 def test_a_record_back_from_its_slot_is_delivered_without_a_new_token() -> None:
     slots = DeliverySlots(parse_rates("orders=1/s"))
     slots.reserve("orders", NOW, "someone-else")  # the bucket is empty
-    arrived = record(5, topic="u.delay.1s", record_id="r", time_retried=0, reactivate_at=NOW - 2_000, throttled_until=NOW, awake_at=NOW)
+    arrived = record(
+        5,
+        topic="u.delay.1s",
+        record_id="r",
+        time_retried=0,
+        reactivate_at=NOW - 2_000,
+        throttled_until=NOW,
+        awake_at=NOW,
+    )
     [out] = handler(slots=slots).handle(arrived, now=NOW, ingress=False)
     assert out.topic == "orders" and h.THROTTLED_UNTIL not in dict(out.headers)
 
@@ -112,10 +128,20 @@ def test_a_cancelled_record_is_dropped_with_a_cancelled_audit_event() -> None:
 def test_priority_records_take_the_priority_topics_and_lose_the_header_at_the_target() -> None:
     [hop] = handler().handle(record(0, reactivate_at=NOW + 6_000, priority="high"), now=NOW, ingress=True)
     assert hop.topic == "u.delay.5s.priority" and hop.audit.priority
-    [plain] = handler(priority_lane=False).handle(record(0, reactivate_at=NOW + 6_000, priority="high"), now=NOW, ingress=True)
+    [plain] = handler(priority_lane=False).handle(
+        record(0, reactivate_at=NOW + 6_000, priority="high"), now=NOW, ingress=True
+    )
     assert plain.topic == "u.delay.5s"
     [out] = handler().handle(record(0, reactivate_at=NOW, priority="high"), now=NOW, ingress=True)
     assert out.topic == "orders" and h.PRIORITY not in dict(out.headers)
-    bad = Rec("u.ingress", 0, 0, NOW, b"k", b"v", [(h.REACTIVATE_TO_TOPIC, b"orders"), (h.DELAY_MS, b"0"), (h.PRIORITY, b"urgent")])
+    bad = Rec(
+        "u.ingress",
+        0,
+        0,
+        NOW,
+        b"k",
+        b"v",
+        [(h.REACTIVATE_TO_TOPIC, b"orders"), (h.DELAY_MS, b"0"), (h.PRIORITY, b"urgent")],
+    )
     [dead] = handler().handle(bad, now=NOW, ingress=True)
     assert dead.topic == "u.dlq" and dict(dead.headers)[h.DEAD_LETTER_REASON] == b"malformed-header"

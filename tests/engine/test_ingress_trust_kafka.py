@@ -80,7 +80,10 @@ async def trust_env(bootstrap: str):
     target, slow = unique("trust-target-"), unique("trust-slow-")
     await create_topics(bootstrap, target, slow, partitions=2)
     worker = Worker(
-        bootstrap, prefix, DELAYAPP_PARTITIONS="2", DELAYAPP_ALLOWED_TARGETS="trust-target-*,trust-slow-*",
+        bootstrap,
+        prefix,
+        DELAYAPP_PARTITIONS="2",
+        DELAYAPP_ALLOWED_TARGETS="trust-target-*,trust-slow-*",
         DELAYAPP_TARGET_RATES="trust-slow-*=0.5/s",
     ).start()
     collector = None
@@ -107,14 +110,21 @@ async def test_delayapp_topics_use_the_brokers_append_time(trust_env) -> None:
     p = await producer(bootstrap)
     try:
         before = now_ms()
-        await p.send_and_wait(f"{prefix}.ingress", b"probe", key=b"probe", timestamp_ms=before - HOUR,
-                              headers=[(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"0")])
+        await p.send_and_wait(
+            f"{prefix}.ingress",
+            b"probe",
+            key=b"probe",
+            timestamp_ms=before - HOUR,
+            headers=[(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"0")],
+        )
     finally:
         await p.stop()
     record = await first_record(bootstrap, f"{prefix}.ingress", 2)
     if record.timestamp_type != 1:
-        pytest.skip("the broker ignores message.timestamp.type (the embedded Tansu applies no topic config): "
-                    "records keep their producer's timestamp; delayMs then counts from the router's clock")
+        pytest.skip(
+            "the broker ignores message.timestamp.type (the embedded Tansu applies no topic config): "
+            "records keep their producer's timestamp; delayMs then counts from the router's clock"
+        )
     assert record.timestamp >= before, "the ingress record kept its producer's back-dated timestamp"
     names = [f"{prefix}.ingress", f"{prefix}.delay.200ms", f"{prefix}.delay.3s.priority", f"{prefix}.cancel"]
     configs = await topic_configs(bootstrap, names)
@@ -132,8 +142,13 @@ async def test_a_back_dated_producer_timestamp_does_not_make_delay_ms_early(trus
     p = await producer(worker.env["DELAYAPP_BROKER"])
     try:
         sent = now_ms()
-        await p.send_and_wait(f"{worker.prefix}.ingress", b"back-dated", key=b"bd", timestamp_ms=sent - HOUR,
-                              headers=[(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"3000")])
+        await p.send_and_wait(
+            f"{worker.prefix}.ingress",
+            b"back-dated",
+            key=b"bd",
+            timestamp_ms=sent - HOUR,
+            headers=[(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"3000")],
+        )
     finally:
         await p.stop()
     [record] = await wait_for(lambda: delivered(collector, target, b"back-dated"), 30, "the back-dated record")
@@ -148,13 +163,24 @@ async def test_valid_at_in_seconds_beside_reactivate_at_in_ms_is_dead_lettered(t
     now = now_ms()
     p = await producer(worker.env["DELAYAPP_BROKER"])
     try:
-        await p.send_and_wait(f"{worker.prefix}.ingress", b"valid-in-seconds", key=b"vs", headers=[
-            (h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(now).encode()), (h.VALID_AT, str((now + HOUR) // 1000).encode()),
-        ])
-        await schedule(p, target, b"behind-valid-in-seconds", key=b"vs", delay=0, ingress_topic=f"{worker.prefix}.ingress")
+        await p.send_and_wait(
+            f"{worker.prefix}.ingress",
+            b"valid-in-seconds",
+            key=b"vs",
+            headers=[
+                (h.REACTIVATE_TO_TOPIC, target.encode()),
+                (h.REACTIVATE_AT, str(now).encode()),
+                (h.VALID_AT, str((now + HOUR) // 1000).encode()),
+            ],
+        )
+        await schedule(
+            p, target, b"behind-valid-in-seconds", key=b"vs", delay=0, ingress_topic=f"{worker.prefix}.ingress"
+        )
     finally:
         await p.stop()
-    [dead] = await wait_for(lambda: delivered(collector, f"{worker.prefix}.dlq", b"valid-in-seconds"), 30, "the dead letter")
+    [dead] = await wait_for(
+        lambda: delivered(collector, f"{worker.prefix}.dlq", b"valid-in-seconds"), 30, "the dead letter"
+    )
     assert headers_of(dead)[h.DEAD_LETTER_REASON] == b"not-epoch-ms", headers_of(dead)[h.DEAD_LETTER_DETAIL]
     await wait_for(lambda: delivered(collector, target, b"behind-valid-in-seconds"), 20, "the record behind it")
     assert not delivered(collector, target, b"valid-in-seconds"), "delivered an hour early"
@@ -168,16 +194,30 @@ async def test_a_producer_set_awake_at_does_not_wedge_the_ingress_partition(trus
     due = now_ms() + 3_000
     p = await producer(worker.env["DELAYAPP_BROKER"])
     try:
-        await p.send_and_wait(f"{worker.prefix}.ingress", b"forged-awake", key=b"aw", headers=[
-            (h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(due).encode()),
-            (h.AWAKE_AT, str(due + 30 * 86_400_000).encode()), (h.DELAY_HOPS, b"77"), (h.DEAD_LETTER_REASON, b"expired"),
-        ])
-        await schedule(p, target, b"behind-forged-awake", key=b"aw", delay=3_000, ingress_topic=f"{worker.prefix}.ingress")
+        await p.send_and_wait(
+            f"{worker.prefix}.ingress",
+            b"forged-awake",
+            key=b"aw",
+            headers=[
+                (h.REACTIVATE_TO_TOPIC, target.encode()),
+                (h.REACTIVATE_AT, str(due).encode()),
+                (h.AWAKE_AT, str(due + 30 * 86_400_000).encode()),
+                (h.DELAY_HOPS, b"77"),
+                (h.DEAD_LETTER_REASON, b"expired"),
+            ],
+        )
+        await schedule(
+            p, target, b"behind-forged-awake", key=b"aw", delay=3_000, ingress_topic=f"{worker.prefix}.ingress"
+        )
     finally:
         await p.stop()
-    [record] = await wait_for(lambda: delivered(collector, target, b"forged-awake"), 30, "the record with a forged awakeAt")
+    [record] = await wait_for(
+        lambda: delivered(collector, target, b"forged-awake"), 30, "the record with a forged awakeAt"
+    )
     assert record.timestamp >= due
-    assert not {h.AWAKE_AT, h.DELAY_HOPS, h.DEAD_LETTER_REASON} & set(headers_of(record)), "forged headers reached the target"
+    assert not {h.AWAKE_AT, h.DELAY_HOPS, h.DEAD_LETTER_REASON} & set(headers_of(record)), (
+        "forged headers reached the target"
+    )
     await wait_for(lambda: delivered(collector, target, b"behind-forged-awake"), 20, "the record behind it")
 
 
@@ -188,14 +228,25 @@ async def test_a_producer_set_throttled_until_does_not_bypass_the_rate_limit(tru
     try:
         for n in range(3):  # due together at 0.5/s: slots 2 s apart; the last two claim a slot already
             forged = [(h.THROTTLED_UNTIL, str(now).encode())] if n else []
-            await p.send_and_wait(f"{worker.prefix}.ingress", f"slow-{n}".encode(), key=f"s{n}".encode(), headers=[
-                (h.REACTIVATE_TO_TOPIC, slow.encode()), (h.REACTIVATE_AT, str(now).encode()), *forged,
-            ])
+            await p.send_and_wait(
+                f"{worker.prefix}.ingress",
+                f"slow-{n}".encode(),
+                key=f"s{n}".encode(),
+                headers=[
+                    (h.REACTIVATE_TO_TOPIC, slow.encode()),
+                    (h.REACTIVATE_AT, str(now).encode()),
+                    *forged,
+                ],
+            )
     finally:
         await p.stop()
-    records = await wait_for(lambda: len(collector.on(slow)) >= 3 and collector.on(slow), 30, "the three rate-limited records")
+    records = await wait_for(
+        lambda: len(collector.on(slow)) >= 3 and collector.on(slow), 30, "the three rate-limited records"
+    )
     times = sorted(r.timestamp for r in records)
-    assert times[2] - times[0] >= 3_500, f"3 deliveries within {times[2] - times[0]} ms at 0.5/s: the rate limit was bypassed"
+    assert times[2] - times[0] >= 3_500, (
+        f"3 deliveries within {times[2] - times[0]} ms at 0.5/s: the rate limit was bypassed"
+    )
 
 
 # -- 6: cancels by the broker's clock --------------------------------------------------------------
@@ -210,16 +261,34 @@ async def test_a_cancel_with_cancelled_at_in_seconds_applies_and_an_update_after
     prefix, rid = worker.prefix, unique("cx-")
     p = await producer(worker.env["DELAYAPP_BROKER"])
     try:
-        await schedule(p, target, b"old-" + rid.encode(), key=rid.encode(), delay=4_000, record_id=rid, ingress_topic=f"{prefix}.ingress")
+        await schedule(
+            p,
+            target,
+            b"old-" + rid.encode(),
+            key=rid.encode(),
+            delay=4_000,
+            record_id=rid,
+            ingress_topic=f"{prefix}.ingress",
+        )
         await wait_for(lambda: "waiting" in audit_statuses(collector, prefix, rid), 20, "the record to be scheduled")
         body = orjson.dumps({"cancelled_at": now_ms() // 1000, "reason": "seconds"})
         await p.send_and_wait(f"{prefix}.cancel", body, key=rid.encode())
         await wait_for(lambda: "cancelled" in audit_statuses(collector, prefix, rid), 20, "the cancel to apply")
         await cancel(p, unique("nobody-"), cancel_topic=f"{prefix}.cancel")  # the API's path as well
-        await schedule(p, target, b"new-" + rid.encode(), key=rid.encode(), delay=500, record_id=rid, ingress_topic=f"{prefix}.ingress")
+        await schedule(
+            p,
+            target,
+            b"new-" + rid.encode(),
+            key=rid.encode(),
+            delay=500,
+            record_id=rid,
+            ingress_topic=f"{prefix}.ingress",
+        )
     finally:
         await p.stop()
-    await wait_for(lambda: delivered(collector, target, b"new-" + rid.encode()), 20, "the update scheduled after the cancel")
+    await wait_for(
+        lambda: delivered(collector, target, b"new-" + rid.encode()), 20, "the update scheduled after the cancel"
+    )
     assert not delivered(collector, target, b"old-" + rid.encode()), "a cancelled record was delivered"
 
 
@@ -228,15 +297,21 @@ async def test_a_cancel_from_a_host_whose_clock_is_behind_still_applies(trust_en
     prefix, rid = worker.prefix, unique("skew-")
     p = await producer(worker.env["DELAYAPP_BROKER"])
     try:
-        await schedule(p, target, rid.encode(), key=rid.encode(), delay=4_000, record_id=rid, ingress_topic=f"{prefix}.ingress")
+        await schedule(
+            p, target, rid.encode(), key=rid.encode(), delay=4_000, record_id=rid, ingress_topic=f"{prefix}.ingress"
+        )
         await wait_for(lambda: "waiting" in audit_statuses(collector, prefix, rid), 20, "the record to be scheduled")
         behind = now_ms() - 10_000  # the cancelling host's clock is 10 s behind: its record timestamp and body say so
-        written = await p.send_and_wait(f"{prefix}.cancel", orjson.dumps({"cancelled_at": behind}), key=rid.encode(), timestamp_ms=behind)
+        written = await p.send_and_wait(
+            f"{prefix}.cancel", orjson.dumps({"cancelled_at": behind}), key=rid.encode(), timestamp_ms=behind
+        )
     finally:
         await p.stop()
     if written.timestamp_type != 1:
-        pytest.skip("the broker ignores message.timestamp.type (the embedded Tansu): a cancel then counts from its "
-                    "producer's timestamp, so a cancelling host's clock 10 s behind is not corrected")
+        pytest.skip(
+            "the broker ignores message.timestamp.type (the embedded Tansu): a cancel then counts from its "
+            "producer's timestamp, so a cancelling host's clock 10 s behind is not corrected"
+        )
     await wait_for(lambda: "cancelled" in audit_statuses(collector, prefix, rid), 20, "the cancel to apply")
     assert not delivered(collector, target, rid.encode())
 
@@ -256,7 +331,9 @@ async def test_the_cancel_registry_starts_on_fresh_topics_and_loads_only_recent_
     p = await producer(bootstrap)
     try:
         old = await p.send_and_wait(topic, b"{}", key=b"old")
-        await wait_for(lambda: now_ms() > old.timestamp + 4_000, 10, "the first cancel to age past keep_ms", interval=0.2)
+        await wait_for(
+            lambda: now_ms() > old.timestamp + 4_000, 10, "the first cancel to age past keep_ms", interval=0.2
+        )
         await p.send_and_wait(topic, b"{}", key=b"young")
     finally:
         await p.stop()
@@ -297,7 +374,9 @@ def test_a_worker_without_allowed_targets_refuses_to_start_naming_the_setting(bo
     try:
         result = subprocess.run(
             [sys.executable, "-m", "faust", "-A", "delayapp", "worker", "-l", "info"],
-            env=worker.env, capture_output=True, timeout=90,
+            env=worker.env,
+            capture_output=True,
+            timeout=90,
         )
     except subprocess.TimeoutExpired:
         pytest.fail("a worker without DELAYAPP_ALLOWED_TARGETS started (and ran until the timeout)")

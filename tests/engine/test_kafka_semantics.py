@@ -57,7 +57,9 @@ async def broker_stamps_append_time(bootstrap: str) -> bool:
 
 async def needs_topic_configs(bootstrap: str) -> None:
     if not await broker_stamps_append_time(bootstrap):
-        pytest.skip("the broker ignores topic configs (LogAppendTime, max.message.bytes, retention): the embedded broker does")
+        pytest.skip(
+            "the broker ignores topic configs (LogAppendTime, max.message.bytes, retention): the embedded broker does"
+        )
 
 
 async def topic_exists(bootstrap: str, name: str) -> bool:
@@ -107,7 +109,9 @@ async def test_a_record_for_a_missing_target_is_dead_lettered_and_no_topic_is_cr
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
-async def test_a_record_its_target_refuses_is_dead_lettered_once_and_the_loop_carries_on(bootstrap: str, guarantee: str) -> None:
+async def test_a_record_its_target_refuses_is_dead_lettered_once_and_the_loop_carries_on(
+    bootstrap: str, guarantee: str
+) -> None:
     """Findings 2 and 9: the target's broker refuses one record for good (too large for its
     max.message.bytes). It is dead-lettered once, pointing at the record delayapp consumed; under
     exactly_once the transaction is aborted and redone, never reopening the loop; the next record
@@ -117,7 +121,9 @@ async def test_a_record_its_target_refuses_is_dead_lettered_once_and_the_loop_ca
         pytest.skip("the broker refuses transactions")
     prefix, target = unique("refuse"), unique("refuse-target-")
     await create_topics(bootstrap, target, partitions=1, configs={"max.message.bytes": "2000"})
-    worker = Worker(bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS="refuse-target-*", DELAYAPP_PROCESSING_GUARANTEE=guarantee).start()
+    worker = Worker(
+        bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS="refuse-target-*", DELAYAPP_PROCESSING_GUARANTEE=guarantee
+    ).start()
     collector = None
     try:
         await worker.wait_ready()
@@ -125,7 +131,9 @@ async def test_a_record_its_target_refuses_is_dead_lettered_once_and_the_loop_ca
         p = await producer(bootstrap)
         try:
             due = now_ms() + 500
-            await schedule(p, target, b"x" * 5_000, key=b"big", at=due, record_id="big-1", ingress_topic=f"{prefix}.ingress")
+            await schedule(
+                p, target, b"x" * 5_000, key=b"big", at=due, record_id="big-1", ingress_topic=f"{prefix}.ingress"
+            )
             await schedule(p, target, b"small", key=b"small", at=due + 1_500, ingress_topic=f"{prefix}.ingress")
         finally:
             await p.stop()
@@ -150,8 +158,16 @@ async def test_records_deleted_by_retention_before_they_were_forwarded_sound_an_
     and logs what retention deleted, then goes on from the start of the log."""
     await needs_topic_configs(bootstrap)  # the embedded broker also panics on DeleteRecords
     prefix, target = unique("gone"), unique("gone-target-")
-    settings = load_settings(broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1,
-                             allowed_targets="gone-target-*", session_timeout_ms=6000, heartbeat_interval_ms=1500)
+    settings = load_settings(
+        broker=bootstrap,
+        topic_prefix=prefix,
+        app_id=prefix,
+        denominations="1s",
+        partitions=1,
+        allowed_targets="gone-target-*",
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1500,
+    )
     layout = settings.topic_layout()
     await bootstrap_topics(settings, layout)
     await create_topics(bootstrap, target, partitions=1)
@@ -159,8 +175,15 @@ async def test_records_deleted_by_retention_before_they_were_forwarded_sound_an_
 
     def router() -> HopLoop:
         handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=policy)
-        return HopLoop(name="router", topic=layout.ingress, group_id=f"{prefix}.router", handler=handler, settings=settings,
-                       audit_topic=None, ingress=True)
+        return HopLoop(
+            name="router",
+            topic=layout.ingress,
+            group_id=f"{prefix}.router",
+            handler=handler,
+            settings=settings,
+            audit_topic=None,
+            ingress=True,
+        )
 
     collector = await Collector(bootstrap, [target]).start()
     p = await producer(bootstrap)
@@ -201,8 +224,13 @@ async def test_a_worker_whose_clock_runs_five_seconds_ahead_releases_nothing_ear
     prefix, target = unique("skew"), unique("skew-target-")
     await create_topics(bootstrap, target, partitions=2, configs={"message.timestamp.type": "LogAppendTime"})
     worker = Worker(
-        bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS="skew-target-*",
-        LD_PRELOAD=FAKETIME_LIB, FAKETIME="+5s", FAKETIME_DONT_FAKE_MONOTONIC="1", FAKETIME_DONT_RESET="1",
+        bootstrap,
+        prefix,
+        DELAYAPP_ALLOWED_TARGETS="skew-target-*",
+        LD_PRELOAD=FAKETIME_LIB,
+        FAKETIME="+5s",
+        FAKETIME_DONT_FAKE_MONOTONIC="1",
+        FAKETIME_DONT_RESET="1",
     ).start()
     collector = None
     try:
@@ -232,7 +260,9 @@ async def test_another_producers_open_transaction_is_not_a_stall(bootstrap: str)
     be read yet; the watchdog must not take that for a stall (nor reopen or rewind the loop)."""
     if await broker_transactions(bootstrap) is not None:
         pytest.skip("the broker refuses transactions")
-    hop_loop, topic, target = await one_second_loop(bootstrap, "otx", liveness_threshold="1s", processing_guarantee="exactly_once")
+    hop_loop, topic, target = await one_second_loop(
+        bootstrap, "otx", liveness_threshold="1s", processing_guarantee="exactly_once"
+    )
     other = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("otx-other-"))
     await other.start()
     collector = await Collector(bootstrap, [target]).start()
@@ -243,7 +273,9 @@ async def test_another_producers_open_transaction_is_not_a_stall(bootstrap: str)
         await other.begin_transaction()
         await other.send_and_wait(topic, b"in an open transaction", key=b"k", headers=headers)
         observed_until = time.monotonic() + 4 * hop_loop.settings.liveness_threshold / 1000
-        await wait_for(lambda: time.monotonic() > observed_until or hop_loop.stats.stalls, 30, "the watchdog to look several times")
+        await wait_for(
+            lambda: time.monotonic() > observed_until or hop_loop.stats.stalls, 30, "the watchdog to look several times"
+        )
         assert hop_loop.stats.stalls == 0 and hop_loop.stats.rewinds == 0 and hop_loop.stats.restarts == 0
         await other.commit_transaction()
         await wait_for(lambda: collector.on(target), 30, "the record once its transaction committed")
@@ -268,8 +300,11 @@ async def test_a_new_owner_skips_what_its_predecessor_released_ahead(bootstrap: 
         p = await producer(bootstrap)
         try:
             for n, awake in enumerate([now + 1_900] + [now] * 5):  # a head not due yet, five due behind it
-                headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(awake).encode()),
-                           (h.AWAKE_AT, str(awake).encode())]
+                headers = [
+                    (h.REACTIVATE_TO_TOPIC, target.encode()),
+                    (h.REACTIVATE_AT, str(awake).encode()),
+                    (h.AWAKE_AT, str(awake).encode()),
+                ]
                 await p.send_and_wait(topic, str(n).encode(), key=b"one-partition", headers=headers)
         finally:
             await p.stop()
@@ -277,8 +312,15 @@ async def test_a_new_owner_skips_what_its_predecessor_released_ahead(bootstrap: 
         await wait_for(lambda: first.stats.commits >= 1, 10, "their commit")
         await first.stop()  # before the head is due: the next owner must deliver it, and only it
         assert [r.value for r in collector.on(target)] == [b"1", b"2", b"3", b"4", b"5"]
-        second = HopLoop(name="delay-1s", topic=topic, group_id=first.group_id, handler=first.handler, settings=first.settings,
-                         audit_topic=None, max_wait_ms=1000)
+        second = HopLoop(
+            name="delay-1s",
+            topic=topic,
+            group_id=first.group_id,
+            handler=first.handler,
+            settings=first.settings,
+            audit_topic=None,
+            max_wait_ms=1000,
+        )
         await second.start()
         await wait_for(lambda: len(collector.on(target)) >= 6, 30, "the head, from the new owner")
         await wait_for(lambda: second.stats.commits >= 1, 10, "the new owner's commit")

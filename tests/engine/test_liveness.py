@@ -27,7 +27,11 @@ async def test_a_partition_paused_behind_the_loops_back_is_resumed(bootstrap: st
         now = time.time_ns() // 1_000_000
         p = await producer(bootstrap)
         try:
-            headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(now).encode()), (h.AWAKE_AT, str(now).encode())]
+            headers = [
+                (h.REACTIVATE_TO_TOPIC, target.encode()),
+                (h.REACTIVATE_AT, str(now).encode()),
+                (h.AWAKE_AT, str(now).encode()),
+            ]
             await p.send_and_wait(delay_topic, b"due now", key=b"k", headers=headers)
         finally:
             await p.stop()
@@ -49,8 +53,11 @@ async def test_an_awake_at_beyond_the_topics_denomination_is_re_planned_not_wait
         p = await producer(bootstrap)
         try:
             for key, awake in ((b"forged", now + 3_600_000), (b"behind", now)):
-                headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(now + 500).encode()),
-                           (h.AWAKE_AT, str(awake).encode())]
+                headers = [
+                    (h.REACTIVATE_TO_TOPIC, target.encode()),
+                    (h.REACTIVATE_AT, str(now + 500).encode()),
+                    (h.AWAKE_AT, str(awake).encode()),
+                ]
                 await p.send_and_wait(delay_topic, key, key=b"same-partition", headers=headers)
         finally:
             await p.stop()

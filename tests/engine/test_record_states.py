@@ -23,7 +23,9 @@ pytestmark = pytest.mark.integration
 
 def audit(record_id: str, status: RecordStatus, *, retries: int, hops: int, at: int | None = None) -> bytes:
     """An audit event as the engine writes it (:class:`delayapp.core.audit.AuditEvent`)."""
-    event = AuditEvent(record_id, status, now_ms() if at is None else at, audit_seq(retries, hops, status), retries, hops, "it-target")
+    event = AuditEvent(
+        record_id, status, now_ms() if at is None else at, audit_seq(retries, hops, status), retries, hops, "it-target"
+    )
     return event.encode("it-target", 0, 0)
 
 
@@ -61,7 +63,11 @@ async def test_an_aborted_step_never_reaches_the_read_model(bootstrap: str) -> N
             await (txn.commit_transaction() if commit else txn.abort_transaction())
 
         await batch(("rx", audit("rx", WAITING, retries=2, hops=2)), ("ry", audit("ry", WAITING, retries=0, hops=2)))
-        await batch(("rx", audit("rx", WAITING, retries=2, hops=3)), ("ry", audit("ry", DELIVERED, retries=0, hops=2)), commit=False)
+        await batch(
+            ("rx", audit("rx", WAITING, retries=2, hops=3)),
+            ("ry", audit("ry", DELIVERED, retries=0, hops=2)),
+            commit=False,
+        )
         await batch(("rx", audit("rx", DELIVERED, retries=2, hops=2)), ("ry", audit("ry", WAITING, retries=0, hops=3)))
         await batch(("rz", audit("rz", DELIVERED, retries=0, hops=1)))  # so we know the agent read past the redo
 
@@ -125,7 +131,9 @@ async def test_any_worker_serves_every_step_from_the_topic_alone_and_forgets_fin
         try:
             await second.wait_ready()
             for worker in (first, second):
-                held = await wait_for(lambda: record_view(worker, "re"), 60, "a restarted worker to read the state")
+                held = await wait_for(
+                    lambda worker=worker: record_view(worker, "re"), 60, "a restarted worker to read the state"
+                )
                 assert (held["status"], held["retries"]) == (DELIVERED, 1)
                 assert (await record_view(worker, "rw"))["status"] == WAITING
 

@@ -55,7 +55,9 @@ async def test_a_worker_frozen_past_its_session_commits_nothing_when_it_thaws(bo
         pytest.skip(f"broker lacks usable transactions ({reason}); run with DELAYAPP_TEST_BROKER=<real Kafka>")
     prefix = unique("zmb")
     target = f"{prefix}-out"
-    env = dict(DELAYAPP_PROCESSING_GUARANTEE="exactly_once", DELAYAPP_PARTITIONS="4", DELAYAPP_ALLOWED_TARGETS=f"{prefix}-*")
+    env = dict(
+        DELAYAPP_PROCESSING_GUARANTEE="exactly_once", DELAYAPP_PARTITIONS="4", DELAYAPP_ALLOWED_TARGETS=f"{prefix}-*"
+    )
     workers = [Worker(bootstrap, prefix, **env).start(), Worker(bootstrap, prefix, **env).start()]
     try:
         await asyncio.gather(*(w.wait_ready() for w in workers))
@@ -66,8 +68,15 @@ async def test_a_worker_frozen_past_its_session_commits_nothing_when_it_thaws(bo
         try:
             start = now_ms() + 2_000
             for n in range(RECORDS):  # due over 40 s: records flow through every freeze
-                await schedule(p, target, b"v", key=f"k{n}".encode(), at=start + n * 40_000 // RECORDS, record_id=f"z{n}",
-                               ingress_topic=f"{prefix}.ingress")
+                await schedule(
+                    p,
+                    target,
+                    b"v",
+                    key=f"k{n}".encode(),
+                    at=start + n * 40_000 // RECORDS,
+                    record_id=f"z{n}",
+                    ingress_topic=f"{prefix}.ingress",
+                )
         finally:
             await p.stop()
         for n in range(FREEZES):
@@ -99,7 +108,9 @@ async def test_a_worker_frozen_past_its_session_commits_nothing_when_it_thaws(bo
         await collector.stop()
         counts = delivered()
         duplicates = {rid: c for rid, c in counts.items() if c > 1}
-        assert not duplicates, f"{len(duplicates)} records delivered twice to read_committed readers, e.g. {list(duplicates.items())[:5]}"
+        assert not duplicates, (
+            f"{len(duplicates)} records delivered twice to read_committed readers, e.g. {list(duplicates.items())[:5]}"
+        )
         assert set(counts) == {f"z{n}" for n in range(RECORDS)}, "lost or unexpected records"
     finally:
         for w in workers:

@@ -44,8 +44,16 @@ async def cli(bootstrap: str, prefix: str, *args: str, stdin: bytes | None = Non
         **env,
     }
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "faust", "-A", "delayapp", *args, env=environment,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "faust",
+        "-A",
+        "delayapp",
+        *args,
+        env=environment,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(stdin), CLI_TIMEOUT_S)
     return Run(process.returncode or 0, out.decode(), err.decode())
@@ -94,8 +102,22 @@ async def test_schedule_delivers_and_status_reports(bootstrap: str) -> None:
         await worker.wait_ready()
         record_id = unique("order-")
         run = await cli(
-            bootstrap, prefix, "schedule", "--target", target, "--key", "k1", "--value-file", "-", "--delay", "1s400ms",
-            "--header", "source=cli", "--record-id", record_id, stdin=b'{"id":42}',
+            bootstrap,
+            prefix,
+            "schedule",
+            "--target",
+            target,
+            "--key",
+            "k1",
+            "--value-file",
+            "-",
+            "--delay",
+            "1s400ms",
+            "--header",
+            "source=cli",
+            "--record-id",
+            record_id,
+            stdin=b'{"id":42}',
         )
         assert run.code == 0, run.err
         assert f"scheduled  {record_id}" in run.out
@@ -121,16 +143,34 @@ async def test_schedule_delivers_and_status_reports(bootstrap: str) -> None:
 
         url = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}"
 
-        shown = await wait_for(lambda: _status_if(bootstrap, prefix, record_id, url, "delivered"), 60, "status delivered", interval=0.5)
+        shown = await wait_for(
+            lambda: _status_if(bootstrap, prefix, record_id, url, "delivered"), 60, "status delivered", interval=0.5
+        )
         assert re.search(rf"^target\s+{re.escape(target)}$", shown.out, re.M)
         assert re.search(r"^hops\s+\d+$", shown.out, re.M)  # the last sliver may be held in the worker: 2 or 3
         assert re.search(rf"^where\s+{re.escape(target)}/\d+/\d+$", shown.out, re.M)
 
         waiting_id = unique("later-")
-        later = await cli(bootstrap, prefix, "schedule", "--target", target, "--value", "later", "--delay", "30m", "--record-id", waiting_id, "--priority")
+        later = await cli(
+            bootstrap,
+            prefix,
+            "schedule",
+            "--target",
+            target,
+            "--value",
+            "later",
+            "--delay",
+            "30m",
+            "--record-id",
+            waiting_id,
+            "--priority",
+        )
         assert later.code == 0 and "(priority lane)" in later.out, later
         shown = await wait_for(
-            lambda: _status_if(bootstrap, prefix, waiting_id, url, "waiting"), 60, "status waiting", interval=0.5,
+            lambda: _status_if(bootstrap, prefix, waiting_id, url, "waiting"),
+            60,
+            "status waiting",
+            interval=0.5,
         )
         assert re.search(r"^next awake\s+\S+Z \(in \S+\)$", shown.out, re.M)
         assert re.search(rf"^where\s+{re.escape(prefix)}\.delay\.3s\.priority/\d+/\d+$", shown.out, re.M)
@@ -150,13 +190,18 @@ async def _status_if(bootstrap: str, prefix: str, record_id: str, url: str, want
     return shown if re.search(rf"^status\s+{wanted}$", shown.out, re.M) else None
 
 
-async def _write_dead_letter(bootstrap: str, prefix: str, value: bytes | None, *, reason: str, target: str, at_ms: int) -> None:
+async def _write_dead_letter(
+    bootstrap: str, prefix: str, value: bytes | None, *, reason: str, target: str, at_ms: int
+) -> None:
     """A dead letter in the engine's shape, as if a worker had rejected it at ``at_ms``."""
     p = await producer(bootstrap)
     try:
         headers = h.dead_letter_headers(
             [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"0")],
-            reason=reason, detail=f"written by the test ({reason})", now_ms=at_ms, source=f"{prefix}.ingress/0/0",
+            reason=reason,
+            detail=f"written by the test ({reason})",
+            now_ms=at_ms,
+            source=f"{prefix}.ingress/0/0",
         )
         await p.send_and_wait(f"{prefix}.dlq", value, key=b"synthetic", headers=headers)
     finally:
@@ -170,10 +215,28 @@ async def test_dlq_list_filters_and_replay_delivers_once(bootstrap: str) -> None
     try:
         await worker.wait_ready()
         for key in ("a", "b"):
-            run = await cli(bootstrap, prefix, "schedule", "--target", target, "--key", key, "--value", f"v-{key}", "--delay", "1s", "--header", "n=1")
+            run = await cli(
+                bootstrap,
+                prefix,
+                "schedule",
+                "--target",
+                target,
+                "--key",
+                key,
+                "--value",
+                f"v-{key}",
+                "--delay",
+                "1s",
+                "--header",
+                "n=1",
+            )
             assert run.code == 0, run.err
-        await _write_dead_letter(bootstrap, prefix, b"old", reason="expired", target="elsewhere", at_ms=1_600_000_000_000)
-        await _write_dead_letter(bootstrap, prefix, None, reason="unknown-target", target=target, at_ms=1_700_000_000_000)
+        await _write_dead_letter(
+            bootstrap, prefix, b"old", reason="expired", target="elsewhere", at_ms=1_600_000_000_000
+        )
+        await _write_dead_letter(
+            bootstrap, prefix, None, reason="unknown-target", target=target, at_ms=1_700_000_000_000
+        )
 
         async def listed() -> Run | None:
             shown = await cli(bootstrap, prefix, "dlq", "list")
@@ -183,7 +246,9 @@ async def test_dlq_list_filters_and_replay_delivers_once(bootstrap: str) -> None
         assert "4 dead letters shown; 4 read" in everything.out, everything.out
         assert "2020-09-13T12:26:40.000Z" in everything.out and "expired" in everything.out
         as_json = orjson.loads((await cli(bootstrap, prefix, "--json", "dlq", "list", "--reason", "expired")).out)
-        assert [(d["reason"], d["target"], d["dead_letter_at"], d["replayed"]) for d in as_json] == [("expired", "elsewhere", 1_600_000_000_000, None)]
+        assert [(d["reason"], d["target"], d["dead_letter_at"], d["replayed"]) for d in as_json] == [
+            ("expired", "elsewhere", 1_600_000_000_000, None)
+        ]
         by_reason = await cli(bootstrap, prefix, "dlq", "list", "--reason", "expired")
         assert "1 dead letters shown; 4 read" in by_reason.out and "elsewhere" in by_reason.out
         by_target = await cli(bootstrap, prefix, "dlq", "list", "--target", "cli-late-*", "--since", "1h")
@@ -208,12 +273,17 @@ async def test_dlq_list_filters_and_replay_delivers_once(bootstrap: str) -> None
             assert "replaying" in first.err  # the progress bar (standard error)
             await wait_for(lambda: len(collector.on(target)) >= 2, 60, "the replayed records at their target")
             assert sorted(r.value for r in collector.on(target)) == [b"v-a", b"v-b"]
-            assert all(h.header_value(r.headers, REPLAYED_FROM).startswith(f"{prefix}.dlq/".encode()) for r in collector.on(target))
+            assert all(
+                h.header_value(r.headers, REPLAYED_FROM).startswith(f"{prefix}.dlq/".encode())
+                for r in collector.on(target)
+            )
 
             settings = load_settings(broker=bootstrap, topic_prefix=prefix, denominations=TEST_LADDER)
             markers = await read_replay_markers(settings, settings.topic_layout())
             assert len(markers) == 2 and {m["by"] for m in markers.values()} == {"cli"}
-            assert all(m["to"].startswith(f"{prefix}.ingress/") and m["reason"] == "unknown-target" for m in markers.values())
+            assert all(
+                m["to"].startswith(f"{prefix}.ingress/") and m["reason"] == "unknown-target" for m in markers.values()
+            )
 
             listed_after = await cli(bootstrap, prefix, "dlq", "list", *selection)
             assert listed_after.out.count(" yes ") == 2
@@ -222,7 +292,19 @@ async def test_dlq_list_filters_and_replay_delivers_once(bootstrap: str) -> None
             second = await cli(bootstrap, prefix, "dlq", "replay", *selection, "--delay", "0s")
             assert "selected 3: replayed 0, already replayed 2, unreplayable 1" in second.out, second.out
             for key in ("a", "b"):  # same key, same ingress partition: delivered after any duplicate
-                sentinel = await cli(bootstrap, prefix, "schedule", "--target", target, "--key", key, "--value", "sentinel", "--delay", "0s")
+                sentinel = await cli(
+                    bootstrap,
+                    prefix,
+                    "schedule",
+                    "--target",
+                    target,
+                    "--key",
+                    key,
+                    "--value",
+                    "sentinel",
+                    "--delay",
+                    "0s",
+                )
                 assert sentinel.code == 0, sentinel.err
             await wait_for(lambda: [r.value for r in collector.on(target)].count(b"sentinel") == 2, 60, "the sentinels")
             assert sorted(r.value for r in collector.on(target)) == [b"sentinel", b"sentinel", b"v-a", b"v-b"]

@@ -15,9 +15,31 @@ NOW = 1_800_000_000_000
 
 
 def test_due_histogram_buckets_minutes_hours_and_days() -> None:
-    dues = [None, NOW - 5, NOW, NOW + 1, NOW + 9_999, NOW + 10_000, NOW + 4 * c.MINUTE, NOW + 2 * c.HOUR, NOW + 3 * c.DAY, NOW + 30 * c.DAY]
+    dues = [
+        None,
+        NOW - 5,
+        NOW,
+        NOW + 1,
+        NOW + 9_999,
+        NOW + 10_000,
+        NOW + 4 * c.MINUTE,
+        NOW + 2 * c.HOUR,
+        NOW + 3 * c.DAY,
+        NOW + 30 * c.DAY,
+    ]
     hist = c.due_histogram(dues, now_ms=NOW)
-    assert [b["label"] for b in hist] == ["due now", "< 10s", "10s-1m", "1m-5m", "5m-15m", "15m-1h", "1h-6h", "6h-1d", "1d-7d", "> 7d"]
+    assert [b["label"] for b in hist] == [
+        "due now",
+        "< 10s",
+        "10s-1m",
+        "1m-5m",
+        "5m-15m",
+        "15m-1h",
+        "1h-6h",
+        "6h-1d",
+        "1d-7d",
+        "> 7d",
+    ]
     assert [b["count"] for b in hist] == [3, 2, 1, 1, 0, 0, 1, 0, 1, 1]
 
 
@@ -42,7 +64,12 @@ def test_lateness_by_target_keeps_the_window_and_counts_early() -> None:
 
 
 def test_early_in_window_reads_loop_events() -> None:
-    recent = [(NOW - 1, "delivered", -1), (NOW - 1, "delivered", 0), (NOW - 1, "waiting", None), (NOW - 90_000, "delivered", -5)]
+    recent = [
+        (NOW - 1, "delivered", -1),
+        (NOW - 1, "delivered", 0),
+        (NOW - 1, "waiting", None),
+        (NOW - 90_000, "delivered", -5),
+    ]
     assert c.early_in_window(recent, now_ms=NOW, window_ms=60_000) == 1
 
 
@@ -63,18 +90,34 @@ def test_far_heads_flags_a_head_beyond_its_denomination() -> None:
 def _stats(**totals: int) -> dict:
     base = {"rebalances": 1, "restarts": 0, "stalls": 0, "fenced": 0, "skipped_by_retention": 0, "delivered": 3}
     return {
-        "worker": "w1", "window_ms": 60_000,
-        "loops": {"router": {"running": True, "topics": ["p.ingress"], "pending": {"p.ingress": 4}, "oldest_due_at": None,
-                             "partitions_waiting": 0, "per_second": {"delivered": 0.5},
-                             "lateness_ms": {"count": 3, "p50": 2, "p99": 9, "max": 9}, "totals": {**base, **totals}}},
-        "deliveries_by_target": {"a": 3}, "dead_letters_by_reason": {},
+        "worker": "w1",
+        "window_ms": 60_000,
+        "loops": {
+            "router": {
+                "running": True,
+                "topics": ["p.ingress"],
+                "pending": {"p.ingress": 4},
+                "oldest_due_at": None,
+                "partitions_waiting": 0,
+                "per_second": {"delivered": 0.5},
+                "lateness_ms": {"count": 3, "p50": 2, "p99": 9, "max": 9},
+                "totals": {**base, **totals},
+            }
+        },
+        "deliveries_by_target": {"a": 3},
+        "dead_letters_by_reason": {},
     }
 
 
 def test_alerts_rank_critical_first_and_stay_quiet_when_all_is_well() -> None:
     assert c.alerts(_stats(), far=[], early=0, dead_letters_recent=0, view_caught_up=True) == []
-    got = c.alerts(_stats(restarts=2, rebalances=3), far=[{"topic": "t", "partition": 0, "ahead": "3y", "limit": "1s"}],
-                   early=1, dead_letters_recent=4, view_caught_up=False)
+    got = c.alerts(
+        _stats(restarts=2, rebalances=3),
+        far=[{"topic": "t", "partition": 0, "ahead": "3y", "limit": "1s"}],
+        early=1,
+        dead_letters_recent=4,
+        view_caught_up=False,
+    )
     assert [a["level"] for a in got] == ["critical", "critical", "warning", "warning", "info", "info"]
     assert "BEFORE their due time" in got[0]["text"] and "t/0" in got[1]["text"]
     assert any("reopened its clients" in a["text"] for a in got)
@@ -96,16 +139,29 @@ def test_svg_escapes_names_from_users() -> None:
 
 
 def _info(reason: str, at: int, **kw) -> DeadLetterInfo:
-    return DeadLetterInfo(reason=reason, detail=kw.get("detail"), at_ms=at, origin=None, target=kw.get("target"),
-                          record_id=kw.get("record_id"), value_dropped=kw.get("dropped", False))
+    return DeadLetterInfo(
+        reason=reason,
+        detail=kw.get("detail"),
+        at_ms=at,
+        origin=None,
+        target=kw.get("target"),
+        record_id=kw.get("record_id"),
+        value_dropped=kw.get("dropped", False),
+    )
 
 
 def test_dead_letter_summary_keeps_the_latest_and_the_markers() -> None:
     s = c.DeadLetterSummary(latest=3)
     for n in range(10):
-        s.add(f"p.dlq/0/{n}", _info("unknown-target" if n % 2 else "expired", NOW - (10 - n) * c.MINUTE, record_id=f"r{n}"),
-              timestamp_ms=NOW, now_ms=NOW)
-    s.add("p.dlq/0/10", _info("oversize", NOW - 2 * c.DAY, dropped=True), timestamp_ms=NOW, now_ms=NOW)  # older than a day
+        s.add(
+            f"p.dlq/0/{n}",
+            _info("unknown-target" if n % 2 else "expired", NOW - (10 - n) * c.MINUTE, record_id=f"r{n}"),
+            timestamp_ms=NOW,
+            now_ms=NOW,
+        )
+    s.add(
+        "p.dlq/0/10", _info("oversize", NOW - 2 * c.DAY, dropped=True), timestamp_ms=NOW, now_ms=NOW
+    )  # older than a day
     s.mark("p.dlq/0/9", {"by": "http", "to": "p.ingress/0/7"})
     s.mark("p.dlq/0/8", {"by": "cli"})
     s.mark("p.dlq/0/8", None)  # withdrawn
@@ -119,13 +175,27 @@ def test_dead_letter_summary_keeps_the_latest_and_the_markers() -> None:
 def test_console_body_matches_the_stats_it_was_given() -> None:
     stats = _stats()
     body = c.console_body(
-        stats=stats, heads=[], limits={}, waiting_due=[NOW + 5_000, NOW + c.HOUR], waiting_truncated=False,
-        finals=[{"status": "delivered", "at": NOW, "target": "a", "lateness_ms": 4}], recent_events=[], dead={},
-        view_caught_up=True, write_api=False, now_ms=NOW,
+        stats=stats,
+        heads=[],
+        limits={},
+        waiting_due=[NOW + 5_000, NOW + c.HOUR],
+        waiting_truncated=False,
+        finals=[{"status": "delivered", "at": NOW, "target": "a", "lateness_ms": 4}],
+        recent_events=[],
+        dead={},
+        view_caught_up=True,
+        write_api=False,
+        now_ms=NOW,
     )
     assert body["stats"] is stats and body["alerts"] == []
-    assert body["waiting"]["known"] == 2 and body["waiting"]["by_topic"] == [{"loop": "router", "topic": "p.ingress", "pending": 4}]
-    assert body["delivery"]["per_second"] == 0.5 and body["delivery"]["delivered_total"] == 3 and body["delivery"]["early"] == 0
+    assert body["waiting"]["known"] == 2 and body["waiting"]["by_topic"] == [
+        {"loop": "router", "topic": "p.ingress", "pending": 4}
+    ]
+    assert (
+        body["delivery"]["per_second"] == 0.5
+        and body["delivery"]["delivered_total"] == 3
+        and body["delivery"]["early"] == 0
+    )
     assert body["delivery"]["by_loop"]["router"]["p99"] == 9 and body["delivery"]["by_target"]["a"]["count"] == 1
 
 

@@ -34,9 +34,20 @@ def test_table_and_truncate() -> None:
 
 def test_status_lines() -> None:
     state = {
-        "record_id": "r1", "status": "waiting", "at": NOW - 1000, "seq": 3, "retries": 0, "hops": 1, "target": "orders",
-        "awake_at": NOW + 30_000, "reactivate_at": NOW + 90_000, "lateness_ms": None, "reason": None,
-        "topic": "delayapp.delay.30s", "partition": 2, "offset": 17,
+        "record_id": "r1",
+        "status": "waiting",
+        "at": NOW - 1000,
+        "seq": 3,
+        "retries": 0,
+        "hops": 1,
+        "target": "orders",
+        "awake_at": NOW + 30_000,
+        "reactivate_at": NOW + 90_000,
+        "lateness_ms": None,
+        "reason": None,
+        "topic": "delayapp.delay.30s",
+        "partition": 2,
+        "offset": 17,
     }
     lines = status_lines(state, NOW)
     assert "status      waiting" in lines

@@ -27,7 +27,9 @@ def test_worker_refuses_to_start_on_a_bad_ladder_or_setting(bootstrap: str, env:
     worker = Worker(bootstrap, unique("bad"), **env)
     result = subprocess.run(
         [sys.executable, "-m", "faust", "-A", "delayapp", "worker", "-l", "info"],
-        env=worker.env, capture_output=True, timeout=60,
+        env=worker.env,
+        capture_output=True,
+        timeout=60,
     )
     assert result.returncode != 0
     assert message in (result.stdout + result.stderr).decode()
@@ -75,7 +77,11 @@ async def test_retry_later_in_a_user_agent_counts_retries_then_dead_letters(boot
     prefix, payments = unique("usr"), unique("payments-")
     await create_topics(bootstrap, payments)
     worker = Worker(
-        bootstrap, prefix, app="tests.support.user_app", TEST_PAYMENTS_TOPIC=payments, DELAYAPP_MAX_RETRIES="2",
+        bootstrap,
+        prefix,
+        app="tests.support.user_app",
+        TEST_PAYMENTS_TOPIC=payments,
+        DELAYAPP_MAX_RETRIES="2",
     ).start()
     collector = Collector(bootstrap, [payments, f"{prefix}.dlq"])
     try:
@@ -93,7 +99,9 @@ async def test_retry_later_in_a_user_agent_counts_retries_then_dead_letters(boot
     attempts = collector.on(payments)
     retries = [dict(r.headers).get(h.TIME_RETRIED, b"0") for r in attempts]
     assert retries == [b"0", b"1", b"2"]
-    assert all(r.value == b"charge 10 EUR" and r.key == b"pay-1" and dict(r.headers)["trace"] == b"t1" for r in attempts)
+    assert all(
+        r.value == b"charge 10 EUR" and r.key == b"pay-1" and dict(r.headers)["trace"] == b"t1" for r in attempts
+    )
     dead = dict(collector.on(f"{prefix}.dlq")[0].headers)
     assert dead[h.DEAD_LETTER_REASON] == b"retries-exhausted"
 

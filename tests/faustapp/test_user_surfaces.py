@@ -23,8 +23,13 @@ async def worker(bootstrap: str):
     """One worker with the write API on and a rate limit on it-slow-* targets."""
     prefix = unique("usr")
     w = Worker(
-        bootstrap, prefix, DELAYAPP_PARTITIONS="2", DELAYAPP_API_TOKEN=TOKEN,
-        DELAYAPP_TARGET_RATES=f"it-slow-*={SLOW_RATE}/s", DELAYAPP_STATS_WINDOW="5m", DELAYAPP_RECORD_STATE_TTL="20s",
+        bootstrap,
+        prefix,
+        DELAYAPP_PARTITIONS="2",
+        DELAYAPP_API_TOKEN=TOKEN,
+        DELAYAPP_TARGET_RATES=f"it-slow-*={SLOW_RATE}/s",
+        DELAYAPP_STATS_WINDOW="5m",
+        DELAYAPP_RECORD_STATE_TTL="20s",
     ).start()
     try:
         await w.wait_ready()
@@ -97,9 +102,18 @@ async def test_schedule_over_http_then_find_the_record_and_the_stats(bootstrap: 
         await p.send_and_wait(f"{worker.prefix}.ingress", b"no-due", headers=[(h.REACTIVATE_TO_TOPIC, target.encode())])
     finally:
         await p.stop()
-    made = await post_json(http, "/delay/schedule", {
-        "target": target, "key": "k1", "value": "hello", "at": due, "headers": {"trace": "t-1"}, "record_id": "http-1",
-    })
+    made = await post_json(
+        http,
+        "/delay/schedule",
+        {
+            "target": target,
+            "key": "k1",
+            "value": "hello",
+            "at": due,
+            "headers": {"trace": "t-1"},
+            "record_id": "http-1",
+        },
+    )
     assert made["record_id"] == "http-1" and made["topic"] == f"{worker.prefix}.ingress"
     await wait_for(lambda: collector.on(target), 30, "the delivery")
     await collector.stop()
@@ -143,13 +157,28 @@ async def test_cancelled_records_are_never_delivered_and_updates_replace(bootstr
     try:
         # 1. over HTTP; 2. with the Python client; 3. replaced by a new version before delivery
         for rid in ("cx-http", "cx-client", "cx-update"):
-            await schedule(p, target, f"old-{rid}".encode(), key=rid.encode(), delay=2_500, record_id=rid, ingress_topic=ingress)
-        await schedule(p, target, b"control", key=b"control", delay=2_600, record_id="cx-control", ingress_topic=ingress)
+            await schedule(
+                p, target, f"old-{rid}".encode(), key=rid.encode(), delay=2_500, record_id=rid, ingress_topic=ingress
+            )
+        await schedule(
+            p, target, b"control", key=b"control", delay=2_600, record_id="cx-control", ingress_topic=ingress
+        )
         await post_json(http, "/delay/records/cx-http/cancel", {"reason": "customer changed mind"})
         await cancel(p, "cx-client", cancel_topic=f"{worker.prefix}.cancel", reason="test")
     finally:
         await p.stop()
-    await post_json(http, "/delay/schedule", {"target": target, "key": "cx-update", "value": "new", "delay": "2500", "record_id": "cx-update", "replace": True})
+    await post_json(
+        http,
+        "/delay/schedule",
+        {
+            "target": target,
+            "key": "cx-update",
+            "value": "new",
+            "delay": "2500",
+            "record_id": "cx-update",
+            "replace": True,
+        },
+    )
 
     async def cancelled_view():
         async with http.get(f"{http.base}/delay/records/cx-http") as response:
@@ -160,10 +189,18 @@ async def test_cancelled_records_are_never_delivered_and_updates_replace(bootstr
     assert view["cancel"]["reason"] == "customer changed mind"
 
     def audit_statuses(rid: str) -> list[str]:
-        return [orjson.loads(r.value)["status"] for r in collector.on(f"{worker.prefix}.audit") if r.key == rid.encode()]
+        return [
+            orjson.loads(r.value)["status"] for r in collector.on(f"{worker.prefix}.audit") if r.key == rid.encode()
+        ]
 
-    await wait_for(lambda: "cancelled" in audit_statuses("cx-http") and "cancelled" in audit_statuses("cx-client"), 30, "loops to drop the cancelled records")
-    await wait_for(lambda: {r.value for r in collector.on(target)} >= {b"control", b"new"}, 30, "the control and the update")
+    await wait_for(
+        lambda: "cancelled" in audit_statuses("cx-http") and "cancelled" in audit_statuses("cx-client"),
+        30,
+        "loops to drop the cancelled records",
+    )
+    await wait_for(
+        lambda: {r.value for r in collector.on(target)} >= {b"control", b"new"}, 30, "the control and the update"
+    )
     await collector.stop()
     assert sorted(r.value for r in collector.on(target)) == [b"control", b"new"], "a cancelled record was delivered"
     stats = await get_json(http, "/delay/stats")
@@ -185,7 +222,11 @@ async def test_priority_records_are_served_ahead_without_starving_the_rest(boots
         for i in range(300):  # all due at the same instant, all on one partition (one key), sent at once
             priority = i % 15 == 7
             headers = schedule_headers(target, at=due, priority=priority)
-            sends.append(await p.send(f"{worker.prefix}.ingress", f"{'P' if priority else 'n'}{i}".encode(), key=b"same", headers=headers))
+            sends.append(
+                await p.send(
+                    f"{worker.prefix}.ingress", f"{'P' if priority else 'n'}{i}".encode(), key=b"same", headers=headers
+                )
+            )
         for sent in sends:
             await sent
     finally:
@@ -207,7 +248,9 @@ async def test_rate_limited_target_is_not_flooded_and_keeps_due_order(bootstrap:
     p = await producer(bootstrap)
     try:
         for i in range(count):  # due 10 ms apart: far faster than the 5/s allowed
-            await schedule(p, target, str(i).encode(), key=b"k", at=start + 10 * i, ingress_topic=f"{worker.prefix}.ingress")
+            await schedule(
+                p, target, str(i).encode(), key=b"k", at=start + 10 * i, ingress_topic=f"{worker.prefix}.ingress"
+            )
     finally:
         await p.stop()
     await wait_for(lambda: len(collector.on(target)) >= count, 60, "every throttled delivery")
@@ -230,8 +273,14 @@ async def test_metrics_for_prometheus(http, worker: Worker) -> None:
             return text if "delayapp_deliveries_total{" in text else None
 
     text = await wait_for(scrape, 30, "metrics with deliveries")
-    for family in ("delayapp_lateness_seconds_bucket", "delayapp_hops_per_record_bucket", "delayapp_deliveries_total",
-                   "delayapp_pending_records", "delayapp_cancelled_total", "delayapp_retries_total"):
+    for family in (
+        "delayapp_lateness_seconds_bucket",
+        "delayapp_hops_per_record_bucket",
+        "delayapp_deliveries_total",
+        "delayapp_pending_records",
+        "delayapp_cancelled_total",
+        "delayapp_retries_total",
+    ):
         assert family in text, family
 
 
@@ -246,12 +295,18 @@ async def test_record_view_answers_from_whichever_worker_is_asked(bootstrap: str
         # Traffic only once Faust's own group has both members (the first worker recovered
         # its tables twice): a later table move would recover from the changelog, which the
         # embedded broker under-reports (wrong end offsets), losing entries, not routes.
-        await wait_for(lambda: workers[0].log.count("Worker ready") >= 2 and "Worker ready" in workers[1].log, 90, "both workers to share the table")
+        await wait_for(
+            lambda: workers[0].log.count("Worker ready") >= 2 and "Worker ready" in workers[1].log,
+            90,
+            "both workers to share the table",
+        )
         ids = [f"routed-{i}" for i in range(8)]  # spread over the table's partitions
         p = await producer(bootstrap)
         try:
             for rid in ids:
-                await schedule(p, target, b"v", key=rid.encode(), delay=300, record_id=rid, ingress_topic=f"{prefix}.ingress")
+                await schedule(
+                    p, target, b"v", key=rid.encode(), delay=300, record_id=rid, ingress_topic=f"{prefix}.ingress"
+                )
         finally:
             await p.stop()
         async with aiohttp.ClientSession() as session:

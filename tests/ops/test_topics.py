@@ -7,7 +7,15 @@ from delayapp.ops.topics import TopicCheck, TopicsReport
 
 def test_topic_check_flags_missing_and_short_retention_only() -> None:
     def check(**kw: object) -> TopicCheck:
-        base = dict(name="t", exists=True, partitions=4, wanted_partitions=4, retention_ms=None, required_retention_ms=1000, compacted=False)
+        base = dict(
+            name="t",
+            exists=True,
+            partitions=4,
+            wanted_partitions=4,
+            retention_ms=None,
+            required_retention_ms=1000,
+            compacted=False,
+        )
         return TopicCheck(**{**base, **kw})  # type: ignore[arg-type]
 
     assert check().ok  # retention not reported: not held against the topic

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pyspark
 import pytest
@@ -60,7 +60,9 @@ def spark_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session", params=sorted(MASTERS), ids=lambda mode: f"spark-{mode}")
-def spark(request: pytest.FixtureRequest, spark_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def spark(
+    request: pytest.FixtureRequest, spark_home: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[object]:
     """The shared SparkSession of one mode (``local`` or ``cluster``, see the module doc)."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.fail("Spark tests need Java (17): install a JDK or set JAVA_HOME", pytrace=False)

@@ -18,9 +18,39 @@ pytestmark = pytest.mark.integration
 
 def _rows(target: str) -> pd.DataFrame:
     soon = now_ms() + 1_500
-    rows = [{"id": f"{target}-order-{i}", "target": target, "key": f"k{i}", "value": json.dumps({"i": i}), "due_at": str(soon + 50 * i), "delay": None, "headers": json.dumps({"trace": f"t{i}"})} for i in range(8)]
-    rows += [{"id": None, "target": target, "key": f"d{i}", "value": f"v{i}", "due_at": None, "delay": f"{300 + 100 * i}ms", "headers": None} for i in range(6)]
-    twin = {"id": None, "target": target, "key": "twin", "value": "same", "due_at": None, "delay": "1s", "headers": None}
+    rows = [
+        {
+            "id": f"{target}-order-{i}",
+            "target": target,
+            "key": f"k{i}",
+            "value": json.dumps({"i": i}),
+            "due_at": str(soon + 50 * i),
+            "delay": None,
+            "headers": json.dumps({"trace": f"t{i}"}),
+        }
+        for i in range(8)
+    ]
+    rows += [
+        {
+            "id": None,
+            "target": target,
+            "key": f"d{i}",
+            "value": f"v{i}",
+            "due_at": None,
+            "delay": f"{300 + 100 * i}ms",
+            "headers": None,
+        }
+        for i in range(6)
+    ]
+    twin = {
+        "id": None,
+        "target": target,
+        "key": "twin",
+        "value": "same",
+        "due_at": None,
+        "delay": "1s",
+        "headers": None,
+    }
     return pd.DataFrame(rows + [twin, dict(twin)])  # identical rows are two records
 
 
@@ -34,7 +64,12 @@ def test_bulk_schedule_twice_delivers_each_row_once(spark, bootstrap, engine, tm
 
     assert bulk_schedule.main(args, spark=spark) == 0
     delivered = asyncio.run(
-        wait_for(lambda: (lambda r: r if len(r) >= 16 else None)(read_all(bootstrap, target)), 90, "16 deliveries", interval=0.5)
+        wait_for(
+            lambda: (lambda r: r if len(r) >= 16 else None)(read_all(bootstrap, target)),
+            90,
+            "16 deliveries",
+            interval=0.5,
+        )
     )
     assert bulk_schedule.main(args, spark=spark) == 0  # the re-run finds every row scheduled
 
@@ -50,7 +85,15 @@ def test_bulk_schedule_twice_delivers_each_row_once(spark, bootstrap, engine, tm
 
 def test_invalid_rows_stop_the_job_before_anything_is_written(spark, bootstrap, engine, tmp_path):
     path = str(tmp_path / "bad.csv")
-    pd.DataFrame([{"target": "x", "value": "v", "due_at": "", "delay": ""}, {"target": "x", "value": "v", "due_at": "tomorrow", "delay": ""}]).to_csv(path, index=False)
+    pd.DataFrame(
+        [
+            {"target": "x", "value": "v", "due_at": "", "delay": ""},
+            {"target": "x", "value": "v", "due_at": "tomorrow", "delay": ""},
+        ]
+    ).to_csv(path, index=False)
     before = len(read_all(bootstrap, f"{engine.prefix}.ingress"))
-    assert bulk_schedule.main(["--input", path, "--broker", bootstrap, "--prefix", engine.prefix, "--quiet"], spark=spark) == 2
+    assert (
+        bulk_schedule.main(["--input", path, "--broker", bootstrap, "--prefix", engine.prefix, "--quiet"], spark=spark)
+        == 2
+    )
     assert len(read_all(bootstrap, f"{engine.prefix}.ingress")) == before

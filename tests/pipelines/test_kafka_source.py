@@ -22,40 +22,58 @@ def test_write_then_batch_read_round_trip(spark, kafka, bootstrap):
         (a if i % 3 else b, f"k{i}".encode(), bytes([i, 0, 255]), [("h", bytearray(b"x%d" % i)), ("empty", None)])
         for i in range(40)
     ]
-    df = spark.createDataFrame(rows, "topic string, key binary, value binary, headers array<struct<key:string,value:binary>>")
+    df = spark.createDataFrame(
+        rows, "topic string, key binary, value binary, headers array<struct<key:string,value:binary>>"
+    )
     df.write.format(FORMAT).options(**kafka).mode("append").save()
 
     got = spark.read.format(FORMAT).options(**kafka).option("topic", f"{a},{b}").load()
     assert got.rdd.getNumPartitions() == 4  # one Spark partition per Kafka partition
     records = got.collect()
-    assert sorted((r.topic, bytes(r.key), bytes(r.value), [(h.key, h.value and bytes(h.value)) for h in r.headers]) for r in records) == sorted(
-        (t, k, v, [(n, x and bytes(x)) for n, x in hs]) for t, k, v, hs in rows
-    )
+    assert sorted(
+        (r.topic, bytes(r.key), bytes(r.value), [(h.key, h.value and bytes(h.value)) for h in r.headers])
+        for r in records
+    ) == sorted((t, k, v, [(n, x and bytes(x)) for n, x in hs]) for t, k, v, hs in rows)
     assert all(r.timestamp is not None and r.offset >= 0 for r in records)
     partitioner = DefaultPartitioner()  # keyed rows land where Java, aiokafka and the engine put them
     assert all(r.partition == partitioner(bytes(r.key), [0, 1], [0, 1]) for r in records)
-    assert got.groupBy("topic", "partition").agg(F.count("*").alias("n"), F.max("offset").alias("last")).filter("n != last + 1").count() == 0
+    assert (
+        got.groupBy("topic", "partition")
+        .agg(F.count("*").alias("n"), F.max("offset").alias("last"))
+        .filter("n != last + 1")
+        .count()
+        == 0
+    )
 
 
 def test_batch_read_offset_ranges_and_string_columns(spark, kafka, bootstrap):
     topic = unique("range-")
     asyncio.run(create_topics(bootstrap, topic, partitions=1))
     produce(bootstrap, topic, ({"value": f"v{i}".encode(), "partition": 0} for i in range(30)))
-    window = spark.read.format(FORMAT).options(**kafka).option("topic", topic).option("startingOffsets", f'{{"{topic}": {{"0": 10}}}}').option(
-        "endingOffsets", f'{{"{topic}": {{"0": 25}}}}'
-    ).load()
+    window = (
+        spark.read.format(FORMAT)
+        .options(**kafka)
+        .option("topic", topic)
+        .option("startingOffsets", f'{{"{topic}": {{"0": 10}}}}')
+        .option("endingOffsets", f'{{"{topic}": {{"0": 25}}}}')
+        .load()
+    )
     assert [r.offset for r in window.orderBy("offset").collect()] == list(range(10, 25))
 
     out = unique("strings-")
     asyncio.run(create_topics(bootstrap, out, partitions=1))
-    spark.createDataFrame([("k", "héllo")], "key string, value string").write.format(FORMAT).options(**kafka).option("topic", out).mode("append").save()
+    spark.createDataFrame([("k", "héllo")], "key string, value string").write.format(FORMAT).options(**kafka).option(
+        "topic", out
+    ).mode("append").save()
     [record] = read_all(bootstrap, out)
     assert (record.key(), record.value()) == (b"k", "héllo".encode())
 
 
 def test_missing_topic_is_a_clear_error(spark, kafka):
     with pytest.raises(Exception, match="does not exist"):
-        spark.read.format(FORMAT).options(**kafka).option("topic", unique("nope-")).option("timeoutMs", "5000").load().collect()
+        spark.read.format(FORMAT).options(**kafka).option("topic", unique("nope-")).option(
+            "timeoutMs", "5000"
+        ).load().collect()
 
 
 def test_stream_resumes_from_checkpoint_without_loss_or_duplicates(spark, kafka, bootstrap, tmp_path):
@@ -65,10 +83,21 @@ def test_stream_resumes_from_checkpoint_without_loss_or_duplicates(spark, kafka,
     sink, checkpoint = str(tmp_path / "sink"), str(tmp_path / "checkpoint")
 
     def run_until_caught_up() -> None:
-        stream = spark.readStream.format(FORMAT).options(**kafka).option("topic", topic).option("startingOffsets", "earliest").load()
-        query = stream.select(F.col("value").cast("string").alias("v"), "partition", "offset").writeStream.format("parquet").option(
-            "checkpointLocation", checkpoint
-        ).option("path", sink).trigger(processingTime="500 milliseconds").start()
+        stream = (
+            spark.readStream.format(FORMAT)
+            .options(**kafka)
+            .option("topic", topic)
+            .option("startingOffsets", "earliest")
+            .load()
+        )
+        query = (
+            stream.select(F.col("value").cast("string").alias("v"), "partition", "offset")
+            .writeStream.format("parquet")
+            .option("checkpointLocation", checkpoint)
+            .option("path", sink)
+            .trigger(processingTime="500 milliseconds")
+            .start()
+        )
         try:
             query.processAllAvailable()
         finally:

@@ -23,18 +23,41 @@ def test_optimizer_from_ingress_requests(spark, bootstrap, tmp_path, capsys):
     asyncio.run(create_topics(bootstrap, f"{prefix}.ingress", partitions=2))
     now = now_ms()
     requests = [{"value": b"x", "headers": [("reactivateToTopic", b"t"), ("delayMs", b"7000")]} for _ in range(30)]
-    requests += [{"value": b"x", "headers": [("reactivateToTopic", b"t"), ("reactivateAt", str(now + 70_000).encode())], "timestamp": now} for _ in range(30)]
+    requests += [
+        {
+            "value": b"x",
+            "headers": [("reactivateToTopic", b"t"), ("reactivateAt", str(now + 70_000).encode())],
+            "timestamp": now,
+        }
+        for _ in range(30)
+    ]
     requests += [{"value": b"x", "headers": [("reactivateToTopic", b"t")]}]  # no due time: ignored
     produce(bootstrap, f"{prefix}.ingress", requests)
     out = tmp_path / "ladder.json"
-    args = ["--broker", bootstrap, "--prefix", prefix, "--quiet", "--denominations", "3", "--candidates", "2s,5s,7s,10s,30s,1m,70s", "--max-worst-hops", "1000000", "--json", str(out)]
+    args = [
+        "--broker",
+        bootstrap,
+        "--prefix",
+        prefix,
+        "--quiet",
+        "--denominations",
+        "3",
+        "--candidates",
+        "2s,5s,7s,10s,30s,1m,70s",
+        "--max-worst-hops",
+        "1000000",
+        "--json",
+        str(out),
+    ]
 
     assert optimizer.main(args, spark=spark) == 0
 
     result = json.loads(out.read_text())
     assert result["requests"] == 60
     assert result["proposed"]["ladder"] == "1s,7s,1m10s" and result["proposed"]["expected_hops"] == 1.0
-    assert result["current"]["ladder"] == DEFAULT_LADDER and result["current"]["expected_hops"] == 4.5  # 3s+3s+1s and 45s+10s+10s+3s+1s+1s
+    assert (
+        result["current"]["ladder"] == DEFAULT_LADDER and result["current"]["expected_hops"] == 4.5
+    )  # 3s+3s+1s and 45s+10s+10s+3s+1s+1s
     printed = capsys.readouterr().out
     assert "expected hops" in printed and "1s,7s,1m10s" in printed
 
@@ -42,11 +65,46 @@ def test_optimizer_from_ingress_requests(spark, bootstrap, tmp_path, capsys):
 def test_optimizer_from_audit_first_hops(spark, bootstrap, tmp_path):
     prefix = unique("opt")
     asyncio.run(create_topics(bootstrap, f"{prefix}.audit", partitions=2))
-    events = [AuditEvent(f"r{i}", WAITING, 1_000, audit_seq(0, 1, WAITING), 0, 1, "t", awake_at=6_000, reactivate_at=1_000 + 45_000, source="x/0/0") for i in range(10)]
-    events += [AuditEvent(f"r{i}", WAITING, 6_000, audit_seq(0, 2, WAITING), 0, 2, "t", reactivate_at=46_000, source="x/0/0") for i in range(10)]  # later hops: not requests
+    events = [
+        AuditEvent(
+            f"r{i}",
+            WAITING,
+            1_000,
+            audit_seq(0, 1, WAITING),
+            0,
+            1,
+            "t",
+            awake_at=6_000,
+            reactivate_at=1_000 + 45_000,
+            source="x/0/0",
+        )
+        for i in range(10)
+    ]
+    events += [
+        AuditEvent(f"r{i}", WAITING, 6_000, audit_seq(0, 2, WAITING), 0, 2, "t", reactivate_at=46_000, source="x/0/0")
+        for i in range(10)
+    ]  # later hops: not requests
     produce(bootstrap, f"{prefix}.audit", [{"value": e.encode(f"{prefix}.audit", 0, 0)} for e in events])
     out = tmp_path / "ladder.json"
-    args = ["--broker", bootstrap, "--prefix", prefix, "--quiet", "--source", "audit", "--denominations", "2", "--max-worst-hops", "1000000", "--json", str(out)]
+    args = [
+        "--broker",
+        bootstrap,
+        "--prefix",
+        prefix,
+        "--quiet",
+        "--source",
+        "audit",
+        "--denominations",
+        "2",
+        "--max-worst-hops",
+        "1000000",
+        "--json",
+        str(out),
+    ]
     assert optimizer.main(args, spark=spark) == 0
     result = json.loads(out.read_text())
-    assert result["requests"] == 10 and result["proposed"] == {**result["proposed"], "ladder": "1s,45s", "expected_hops": 1.0}
+    assert result["requests"] == 10 and result["proposed"] == {
+        **result["proposed"],
+        "ladder": "1s,45s",
+        "expected_hops": 1.0,
+    }

@@ -39,7 +39,9 @@ def test_offsets_option_words_and_json():
 
 
 @given(
-    st.dictionaries(st.sampled_from(["0", "1", "2", "3"]), st.tuples(st.integers(0, 50), st.integers(0, 50)), min_size=1),
+    st.dictionaries(
+        st.sampled_from(["0", "1", "2", "3"]), st.tuples(st.integers(0, 50), st.integers(0, 50)), min_size=1
+    ),
     st.integers(0, 120),
 )
 def test_cap_offsets_reads_at_most_the_limit_and_never_goes_backwards(parts, limit):
@@ -58,12 +60,21 @@ def test_ranges_skip_empty_partitions_and_start_new_ones_at_zero():
 
 def test_kafka_options_carry_broker_sasl_and_tls():
     settings = load_settings(
-        broker="k1:9093,k2:9093", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="u", sasl_password="p", ssl_cafile="/ca.pem"
+        broker="k1:9093,k2:9093",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="u",
+        sasl_password="p",
+        ssl_cafile="/ca.pem",
     )
     config = client_config(kafka_options(settings))
     assert config == {
-        "bootstrap.servers": "k1:9093,k2:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "u", "sasl.password": "p", "ssl.ca.location": "/ca.pem",
+        "bootstrap.servers": "k1:9093,k2:9093",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "u",
+        "sasl.password": "p",
+        "ssl.ca.location": "/ca.pem",
     }
     with pytest.raises(PipelineError, match="bootstrap"):
         client_config({"topic": "x"})
@@ -80,9 +91,18 @@ NOW = 1_700_000_000_000  # a fixed clock: 2023-11-14T22:13:20Z
 
 
 def test_ingress_headers_follow_the_contract():
-    headers = ingress_headers(BulkRow("orders", "2026-05-01T09:30:00Z", None, '{"trace": "x", "expireAt": "1999999999999"}'), "rid-1", now_ms=NOW)
+    headers = ingress_headers(
+        BulkRow("orders", "2026-05-01T09:30:00Z", None, '{"trace": "x", "expireAt": "1999999999999"}'),
+        "rid-1",
+        now_ms=NOW,
+    )
     state, passthrough = h.decode(headers)
-    assert (state.reactivate_to_topic, state.reactivate_at, state.record_id, state.expire_at) == ("orders", 1777627800000, "rid-1", 1999999999999)
+    assert (state.reactivate_to_topic, state.reactivate_at, state.record_id, state.expire_at) == (
+        "orders",
+        1777627800000,
+        "rid-1",
+        1999999999999,
+    )
     assert passthrough == [("trace", b"x")]
     state, _ = h.decode(ingress_headers(BulkRow("orders", None, "90s", None), "rid-2", now_ms=NOW))
     assert (state.delay_ms, state.reactivate_at) == (90_000, None)
@@ -143,7 +163,13 @@ def test_expected_hops_is_the_planners_exact_mean():
 
 def test_optimizer_finds_the_obvious_ladder():
     histogram = [(7 * S, 50), (70 * S, 50)]
-    best = optimize_ladder(3, S, [2 * S, 5 * S, 7 * S, 10 * S, 30 * S, 60 * S, 70 * S], serial_evaluator(histogram), current=(S, 5 * S, 60 * S))
+    best = optimize_ladder(
+        3,
+        S,
+        [2 * S, 5 * S, 7 * S, 10 * S, 30 * S, 60 * S, 70 * S],
+        serial_evaluator(histogram),
+        current=(S, 5 * S, 60 * S),
+    )
     assert best.denominations == (S, 7 * S, 70 * S) and best.expected_hops == 1.0
 
 
@@ -158,7 +184,9 @@ def brute_force(k, pool, histogram):
 
 def test_optimizer_is_exact_where_a_single_local_search_got_stuck():
     # main's greedy growth + swaps proposed 1s,2s,5s (7 hops for 29 s); 1s,3s,10s needs 5
-    best = optimize_ladder(3, S, [2 * S, 3 * S, 5 * S, 10 * S, 30 * S, 60 * S], serial_evaluator([(29 * S, 1)]), current=(S, 5 * S, 60 * S))
+    best = optimize_ladder(
+        3, S, [2 * S, 3 * S, 5 * S, 10 * S, 30 * S, 60 * S], serial_evaluator([(29 * S, 1)]), current=(S, 5 * S, 60 * S)
+    )
     assert best.exact and best.evaluated == comb(6, 2)
     assert (best.expected_hops, best.denominations) == (5.0, (S, 3 * S, 10 * S))
 
@@ -176,7 +204,9 @@ def test_optimizer_finds_the_brute_force_optimum_when_the_candidate_ladders_fit_
 
 @given(HISTOGRAMS, st.integers(3, 6), st.lists(CANDIDATES, min_size=9, max_size=12, unique=True), st.integers(1, 150))
 @settings(deadline=None)  # brute force and planner tables: timing varies on a shared CI machine
-def test_the_local_search_for_large_pools_is_swap_optimal_and_never_worse_than_greedy_growth_or_the_current_ladder(histogram, k, pool, budget):
+def test_the_local_search_for_large_pools_is_swap_optimal_and_never_worse_than_greedy_growth_or_the_current_ladder(
+    histogram, k, pool, budget
+):
     # The budget is below C(n, k-1), as for the default candidates (C(25, 8) = 1.1 million ladders for k = 9).
     # A local optimum has no proven ratio to the global one (main asserted 1.25x and hypothesis
     # found 7 hops against 5), so this checks what the construction guarantees; the brute-force
@@ -191,7 +221,10 @@ def test_the_local_search_for_large_pools_is_swap_optimal_and_never_worse_than_g
     assert best.expected_hops <= expected_hops(current, histogram)
     grown = (S,)
     while len(grown) < k:
-        grown = min((expected_hops(ladder, histogram), ladder) for ladder in (tuple(sorted((*grown, c))) for c in searched if c not in grown))[1]
+        grown = min(
+            (expected_hops(ladder, histogram), ladder)
+            for ladder in (tuple(sorted((*grown, c))) for c in searched if c not in grown)
+        )[1]
     assert best.expected_hops <= expected_hops(grown, histogram)
     for out in best.denominations[1:]:
         for into in set(searched) - set(best.denominations):
@@ -213,7 +246,16 @@ def test_optimizer_refuses_impossible_budgets_and_candidates_stop_above_the_larg
     with pytest.raises(PipelineError):
         optimize_ladder(5, S, [2 * S], serial_evaluator([(S, 1)]))
     assert default_candidates(S, 50 * S) == [S, 2 * S, 3 * S, 5 * S, 10 * S, 15 * S, 20 * S, 30 * S, 45 * S, 60 * S]
-    text = format_comparison({"current": dict.fromkeys(["ladder", "denominations", "topics", "expected_hops", "worst_case_hops", "max_delay"], 1), "proposed": dict.fromkeys(["ladder", "denominations", "topics", "expected_hops", "worst_case_hops", "max_delay"], 2)})
+    text = format_comparison(
+        {
+            "current": dict.fromkeys(
+                ["ladder", "denominations", "topics", "expected_hops", "worst_case_hops", "max_delay"], 1
+            ),
+            "proposed": dict.fromkeys(
+                ["ladder", "denominations", "topics", "expected_hops", "worst_case_hops", "max_delay"], 2
+            ),
+        }
+    )
     assert "expected hops" in text.splitlines()[4]
 
 
@@ -225,4 +267,6 @@ def test_a_ladder_breaking_the_worst_case_bound_loses_to_any_that_keeps_it():
     assert ladder_cost((S, 7 * S), histogram, bound) >= PENALTY  # an hour of 7s hops
     assert ladder_cost((S, 7 * S, 600 * S), histogram, bound) == 1.0
     best = optimize_ladder(3, S, [7 * S, 60 * S, 600 * S], serial_evaluator(histogram, bound))
-    assert best.expected_hops == 1.0 and 7 * S in best.denominations  # and within the bound, unlike (1s, 7s) + anything tiny
+    assert (
+        best.expected_hops == 1.0 and 7 * S in best.denominations
+    )  # and within the bound, unlike (1s, 7s) + anything tiny

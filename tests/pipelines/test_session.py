@@ -30,7 +30,9 @@ def test_tasks_run_where_the_mode_says(spark, spark_mode, spark_home):
         assert workdirs == {os.getcwd()}  # Python workers forked by the one JVM
         return
     # A standalone worker starts each executor JVM in its own directory, work/<app>/<executor id>.
-    assert len(workdirs) == 2 and all(os.path.dirname(os.path.dirname(w)) == str(spark_home / "work") for w in workdirs), workdirs
+    assert len(workdirs) == 2 and all(
+        os.path.dirname(os.path.dirname(w)) == str(spark_home / "work") for w in workdirs
+    ), workdirs
     assert os.getpid() not in {pid for _, pid, *_ in seen}
     # delayapp came from the zip shipped with the job, not from this checkout or site-packages.
     inside = f"{PACKAGE_ZIP}{os.sep}delayapp{os.sep}"
@@ -55,6 +57,20 @@ def test_py_files_option_reaches_the_session(monkeypatch):
         raise common.PipelineError("stop here")  # the session is all this test is about
 
     monkeypatch.setattr(common, "build_session", fake_session)
-    args = ["--master", "spark://m:7077", "--py-files", "a.zip,b.py", "--py-files", "c.zip", "--conf", "spark.executor.cores=2", "--quiet"]
+    args = [
+        "--master",
+        "spark://m:7077",
+        "--py-files",
+        "a.zip,b.py",
+        "--py-files",
+        "c.zip",
+        "--conf",
+        "spark.executor.cores=2",
+        "--quiet",
+    ]
     assert optimizer.main(args) == 2
-    assert built == {"master": "spark://m:7077", "conf": {"spark.executor.cores": "2"}, "py_files": ["a.zip", "b.py", "c.zip"]}
+    assert built == {
+        "master": "spark://m:7077",
+        "conf": {"spark.executor.cores": "2"},
+        "py_files": ["a.zip", "b.py", "c.zip"],
+    }

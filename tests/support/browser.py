@@ -14,15 +14,24 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 # No network beyond the page: no QUIC, no component or safe-browsing updates, no sync, no first-run.
 FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1400,1900",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1900",
 )
 
 
@@ -30,7 +39,10 @@ def missing() -> str | None:
     """Why no browser can be started here (None when it can)."""
     for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
         if not os.access(path, os.X_OK):
-            return f"{path} is missing: bin/setup installs Debian's {package} (apt-get install -y chromium chromium-driver)"
+            return (
+                f"{path} is missing: bin/setup installs Debian's {package} "
+                "(apt-get install -y chromium chromium-driver)"
+            )
     try:
         import selenium  # noqa: F401
     except ImportError:

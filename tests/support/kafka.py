@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
@@ -30,8 +31,18 @@ from delayapp.engine.service import build_policy
 from delayapp.settings import load_settings
 
 __all__ = [
-    "Collector", "Worker", "broker_transactions", "create_topics", "one_second_loop", "produce", "producer", "read_all",
-    "unique", "wait_for", "TEST_LADDER", "SESSION_MS",
+    "Collector",
+    "Worker",
+    "broker_transactions",
+    "create_topics",
+    "one_second_loop",
+    "produce",
+    "producer",
+    "read_all",
+    "unique",
+    "wait_for",
+    "TEST_LADDER",
+    "SESSION_MS",
 ]
 
 TEST_LADDER = "200ms,1s,3s"
@@ -59,16 +70,30 @@ async def one_second_loop(bootstrap: str, name: str, **settings: Any) -> tuple[H
     fresh target topic: (the loop, its topic, the target). Callers stop the loop."""
     prefix, target = unique(name), unique(f"{name}-target-")
     s = load_settings(
-        broker=bootstrap, topic_prefix=prefix, app_id=prefix, denominations="1s", partitions=1, allowed_targets=f"{name}-target-*",
-        session_timeout_ms=SESSION_MS, heartbeat_interval_ms=1500, **settings,
+        broker=bootstrap,
+        topic_prefix=prefix,
+        app_id=prefix,
+        denominations="1s",
+        partitions=1,
+        allowed_targets=f"{name}-target-*",
+        session_timeout_ms=SESSION_MS,
+        heartbeat_interval_ms=1500,
+        **settings,
     )
     layout = s.topic_layout()
     await bootstrap_topics(s, layout)
     await create_topics(bootstrap, target, partitions=1)
     handler = RecordHandler(layout=layout, planner=Planner(s.ladder), policy=build_policy(s, layout))
     topic = layout.delay_topic(1000)
-    hop_loop = HopLoop(name="delay-1s", topic=topic, group_id=f"{prefix}.delay.1s", handler=handler, settings=s,
-                       audit_topic=None, max_wait_ms=1000)
+    hop_loop = HopLoop(
+        name="delay-1s",
+        topic=topic,
+        group_id=f"{prefix}.delay.1s",
+        handler=handler,
+        settings=s,
+        audit_topic=None,
+        max_wait_ms=1000,
+    )
     await hop_loop.start()
     return hop_loop, topic, target
 
@@ -91,7 +116,14 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict]) -> None:
 
 def read_all(bootstrap: str, topic: str, timeout_s: float = 30) -> list[Message]:
     """Every record of ``topic`` (all partitions), read until each partition reports its end."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-reader", "enable.partition.eof": True, "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "test-reader",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
     partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     out, at_end = [], set()
@@ -130,6 +162,6 @@ class Worker(WorkerProcess):
         )
         self.prefix = prefix
 
-    async def wait_ready(self, loops: int = 1 + len(TEST_LADDER.split(",")), timeout: float = 90) -> "Worker":  # type: ignore[override]
+    async def wait_ready(self, loops: int = 1 + len(TEST_LADDER.split(",")), timeout: float = 90) -> Worker:  # type: ignore[override]
         await super().wait_ready(loops, timeout)
         return self

@@ -9,7 +9,9 @@ import os
 from delayapp import app
 from delayapp.client import retry_later
 
-payments = app.topic(os.environ["TEST_PAYMENTS_TOPIC"], key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+payments = app.topic(
+    os.environ["TEST_PAYMENTS_TOPIC"], key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+)
 
 
 @app.agent(payments)
