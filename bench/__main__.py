@@ -42,7 +42,10 @@ class Report:
     def table(self) -> str:
         head = ("figure", "value", "target", "verdict")
         widths = [max(len(r[i]) for r in [head, *self.rows]) for i in range(4)]
-        line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+
+        def line(r: tuple[str, ...]) -> str:
+            return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+
         return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, self.rows)])
 
 
@@ -204,7 +207,8 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
             for label, r in (("described", late_described), ("tuned", late_tuned)):
                 report.add(
                     f"Redis {label}: lateness at 1,000 rec/s (p50 / p99 / max)",
-                    f"{r['p50']:.0f} / {r['p99']:.0f} / {r['max']:.0f} ms ({r['delivered']}/{r['sent']} delivered in the window)",
+                    f"{r['p50']:.0f} / {r['p99']:.0f} / {r['max']:.0f} ms "
+                    f"({r['delivered']}/{r['sent']} delivered in the window)",
                 )
             report.add(
                 "Redis memory per pending 1 KB record",

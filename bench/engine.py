@@ -192,7 +192,9 @@ async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, 
         loaded = 0
         for level in levels:
             headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"3000000")]
-            await preload(bootstrap, f"{prefix}.ingress", level - loaded, lambda i: headers, value=b"x" * 100)
+            await preload(
+                bootstrap, f"{prefix}.ingress", level - loaded, lambda i, headers=headers: headers, value=b"x" * 100
+            )
             loaded = level
             started = time.monotonic()
             while await _router_committed(bootstrap, prefix, 4) < loaded:

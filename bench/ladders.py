@@ -29,7 +29,10 @@ def row(label: str, ladder: Ladder, mixes: dict[str, list[tuple[int, int]]]) -> 
     blended = sum(means.values()) / len(means)
     topics = len(TopicLayout("delayapp", ladder).all_topics)
     per_mix = "  ".join(f"{name} {mean:5.2f}" for name, mean in means.items())
-    return f"{label:<18} k={len(ladder.denominations):<2} {topics:>2} topics  {per_mix}  blended {blended:5.2f}  worst {planner.worst_case_hops(MAX_DELAY):>2}  {ladder}"
+    return (
+        f"{label:<18} k={len(ladder.denominations):<2} {topics:>2} topics  {per_mix}  blended {blended:5.2f}  "
+        f"worst {planner.worst_case_hops(MAX_DELAY):>2}  {ladder}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         best = propose(paper, space, serial_evaluator(blended, space.bound), args.max_evaluations)
         if best.expected_hops >= PENALTY:
             print(
-                f"best of k={k:<2}        the search found no ladder keeping every delay up to 7d within {space.bound.hops} hops"
+                f"best of k={k:<2}        the search found no ladder keeping every delay up to 7d "
+                f"within {space.bound.hops} hops"
             )
             continue
         print(

@@ -1,4 +1,5 @@
-"""The Redis sorted-set scheduler of the post *Implementing delayed message support with Apache Kafka*, on the same broker.
+"""The Redis sorted-set scheduler of the post *Implementing delayed message support with Apache Kafka*, on the
+same broker.
 
 Envelope ``{"topic", "message", "countdown"}`` consumed from Kafka; per record ``SET U body
 EX countdown+900`` and ``ZADD key NX now+countdown U``; a cron every ``poll_s`` runs

@@ -50,7 +50,8 @@ def _ms(value: Any) -> int:
 
 
 class Settings(BaseSettings):
-    """delayapp's configuration; read from the environment by :func:`load_settings` (the Faust app reads it once, at import of :mod:`delayapp.faustapp.app`)."""
+    """delayapp's configuration; read from the environment by :func:`load_settings` (the Faust app reads it once,
+    at import of :mod:`delayapp.faustapp.app`)."""
 
     model_config = SettingsConfigDict(env_prefix="DELAYAPP_", extra="ignore", frozen=True, populate_by_name=True)
 
@@ -83,7 +84,8 @@ class Settings(BaseSettings):
     )
     denominations: str = Field(
         DEFAULT_LADDER,
-        description="the denomination ladder, ascending (one delay topic each); set it explicitly in a running deployment: "
+        description="the denomination ladder, ascending (one delay topic each); "
+        "set it explicitly in a running deployment: "
         "records waiting in the topic of a denomination it drops are stranded (drain first, see How a record moves)",
     )
     partitions: int = Field(4, ge=1, description="partitions of each topic delayapp creates")
@@ -94,11 +96,13 @@ class Settings(BaseSettings):
     dead_letter_retention: int = Field(14 * 86_400_000, description="retention of the dead-letter topic (duration)")
     audit_enabled: bool = Field(
         True,
-        description="publish the delivery audit stream and the record-states topic the read model folds (ids and times, no payload)",
+        description="publish the delivery audit stream and the record-states topic the read model folds "
+        "(ids and times, no payload)",
     )
     audit_hops: bool = Field(
         False,
-        description="publish a step at every hop too, not only when a record enters and leaves (the record view then shows the delay topic it is in now; two more writes per hop)",
+        description="publish a step at every hop too, not only when a record enters and leaves "
+        "(the record view then shows the delay topic it is in now; two more writes per hop)",
     )
 
     # -- governance ---------------------------------------------------------------------------
@@ -106,7 +110,8 @@ class Settings(BaseSettings):
     max_retries: int = Field(10, ge=0, description="highest timeRetried accepted; above is dead-lettered")
     allowed_targets: str | None = Field(
         None,
-        description="comma-separated topic patterns records may be delivered to; a worker refuses to start without it ('*': any topic)",
+        description="comma-separated topic patterns records may be delivered to; "
+        "a worker refuses to start without it ('*': any topic)",
     )
     check_target_exists: bool = Field(True, description="dead-letter records whose target topic does not exist")
     max_overdue: int = Field(
@@ -144,7 +149,8 @@ class Settings(BaseSettings):
     )
     release_ahead: bool = Field(
         True,
-        description="release due records queued behind a head that is not due (released offsets kept in commit metadata)",
+        description="release due records queued behind a head that is not due "
+        "(released offsets kept in commit metadata)",
     )
     liveness_threshold: int = Field(
         30_000,
@@ -162,7 +168,8 @@ class Settings(BaseSettings):
     )
     librdkafka_debug: str | None = Field(
         None,
-        description="librdkafka debug contexts for the record loops' clients, e.g. cgrp,fetch (logged at debug level by delayapp.librdkafka)",
+        description="librdkafka debug contexts for the record loops' clients, e.g. cgrp,fetch "
+        "(logged at debug level by delayapp.librdkafka)",
     )
     emit_timeout: int = Field(
         60_000, description="longest a batch's writes and commit may take before the loop reopens (duration)"
@@ -170,7 +177,8 @@ class Settings(BaseSettings):
     commit_interval: int = Field(
         100,
         ge=1,
-        description="exactly_once: longest a loop's transaction stays open while records keep arriving (an idle loop commits at once); "
+        description="exactly_once: longest a loop's transaction stays open while records keep arriving "
+        "(an idle loop commits at once); "
         "deliveries become visible to read_committed readers at its end (duration)",
     )
 
@@ -187,7 +195,8 @@ class Settings(BaseSettings):
     )
     recovery_consistency_check: bool = Field(
         True,
-        description="Faust's table-recovery offset check; false on the embedded broker, whose wrong end offsets trip it",
+        description="Faust's table-recovery offset check; "
+        "false on the embedded broker, whose wrong end offsets trip it",
     )
 
     # -- lanes, limits and the HTTP API -----------------------------------------------------
@@ -196,7 +205,8 @@ class Settings(BaseSettings):
     )
     target_rates: str = Field(
         "",
-        description="per-target delivery rate limits, e.g. 'orders=100/s,mail.*=600/min' (per worker); records over the rate wait in the ladder",
+        description="per-target delivery rate limits, e.g. 'orders=100/s,mail.*=600/min' (per worker); "
+        "records over the rate wait in the ladder",
     )
     target_burst: int = Field(
         1, ge=1, description="deliveries a rate-limited target may receive at once before the rate applies"
@@ -210,7 +220,8 @@ class Settings(BaseSettings):
     )
     record_state_ttl: int = Field(
         86_400_000,
-        description="delivered, dead-lettered and cancelled record states leave the record-states view (and, with the longest delay, its topic) after this (duration)",
+        description="delivered, dead-lettered and cancelled record states leave the record-states view "
+        "(and, with the longest delay, its topic) after this (duration)",
     )
 
     @field_validator(*DURATION_FIELDS, mode="before")
@@ -272,7 +283,8 @@ class Settings(BaseSettings):
         if not patterns:
             raise ConfigError(
                 "DELAYAPP_ALLOWED_TARGETS is not set: a worker needs the topics records may be delivered to, "
-                "as comma-separated shell patterns (e.g. DELAYAPP_ALLOWED_TARGETS='orders,payments.*'; '*' allows any topic)"
+                "as comma-separated shell patterns "
+                "(e.g. DELAYAPP_ALLOWED_TARGETS='orders,payments.*'; '*' allows any topic)"
             )
         return patterns
 
@@ -323,7 +335,8 @@ class Settings(BaseSettings):
             key, sep, value = item.partition("=")
             if not sep or not key.strip():
                 raise ConfigError(
-                    f"DELAYAPP_LIBRDKAFKA_CONFIG: {item!r} is not key=value (librdkafka property names, comma-separated)"
+                    f"DELAYAPP_LIBRDKAFKA_CONFIG: {item!r} is not key=value "
+                    "(librdkafka property names, comma-separated)"
                 )
             overrides[key.strip()] = value.strip()
         return overrides

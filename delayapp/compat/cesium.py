@@ -35,7 +35,8 @@ def _milliseconds(name: str, raw: bytes | None) -> int | DeadLetter:
     if not text or not text.isascii() or not text.isdigit():
         return DeadLetter(
             Reason.MALFORMED_HEADER,
-            f"header {name!r} must be decimal milliseconds (digits only), got {'null' if text is None else repr(text[:40])}",
+            f"header {name!r} must be decimal milliseconds (digits only), "
+            f"got {'null' if text is None else repr(text[:40])}",
         )
     if len(text) > MAX_DIGITS or int(text) > h.MAX_TIMESTAMP_MS:
         return DeadLetter(Reason.MALFORMED_HEADER, f"header {name!r} is out of range (beyond year 9999): {text[:40]}")

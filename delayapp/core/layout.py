@@ -242,8 +242,9 @@ def config_warnings(specs: list[TopicSpec], configs: dict[str, dict[str, str]]) 
         kind = actual.get(TIMESTAMP_TYPE)
         if spec.log_append_time and kind is not None and kind != LOG_APPEND_TIME:
             warnings.append(
-                f"topic {spec.name} has {TIMESTAMP_TYPE}={kind}: its record timestamps are set by producers, so delayapp "
-                "counts delayMs and cancels from its own clock when it reads them instead of the broker's append time; "
+                f"topic {spec.name} has {TIMESTAMP_TYPE}={kind}: its record timestamps are set by producers, "
+                "so delayapp counts delayMs and cancels from its own clock when it reads them instead of the broker's "
+                "append time; "
                 f"set {TIMESTAMP_TYPE}={LOG_APPEND_TIME} on it (kafka-configs --alter --entity-type topics "
                 f"--entity-name {spec.name} --add-config {TIMESTAMP_TYPE}={LOG_APPEND_TIME})"
             )

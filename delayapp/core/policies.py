@@ -148,8 +148,9 @@ def admit(
     what cancels compare with their own append time. On a broker that ignores the topic's
     timestamp config (:data:`CREATE_TIME`: the producer's clock, possibly back-dated),
     ``delayMs`` counts from ``seen_at_ms``, when the router first read the record (default
-    ``now_ms``); ``delayedAt`` is then the producer's timestamp capped at that, as a cancel's time is on such a broker (:mod:`delayapp.core.cancel`), so a
-    cancel sent right after the schedule applies even if the router reads the record later,
+    ``now_ms``); ``delayedAt`` is then the producer's timestamp capped at that, as a cancel's
+    time is on such a broker (:mod:`delayapp.core.cancel`), so a cancel sent right after the
+    schedule applies even if the router reads the record later,
     and a timestamp ahead cannot make the record uncancellable.
     """
     if state.reactivate_at is not None and state.delay_ms is not None:

@@ -90,9 +90,7 @@ class ReplayFilter:
             return False
         if self.since_ms is not None and (info.at_ms is None or info.at_ms < self.since_ms):
             return False
-        if self.until_ms is not None and (info.at_ms is None or info.at_ms >= self.until_ms):
-            return False
-        return True
+        return self.until_ms is None or (info.at_ms is not None and info.at_ms < self.until_ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,8 +127,8 @@ async def show_deliveries(kafka: dict, engine_ready: asyncio.Event) -> None:
                     print(
                         f"[demo] DELIVERED {body['order']:12} due {clock(body['due'])}  at {clock(record.timestamp)}  "
                         f"lateness {late:>4} ms  retried {headers.get('timeRetried', b'0').decode()}  "
-                        f"| delivered {len(lateness)}, early {early}, lateness p50 {statistics.median(lateness):.0f} ms "
-                        f"max {max(lateness)} ms",
+                        f"| delivered {len(lateness)}, early {early}, "
+                        f"lateness p50 {statistics.median(lateness):.0f} ms max {max(lateness)} ms",
                         flush=True,
                     )
     finally:

@@ -82,7 +82,8 @@ class EmbeddedBroker:
         """Start the broker and wait until it accepts connections."""
         url = f"tcp://{self.host}:{self.port}"
         advertised = f"tcp://{self.host}:{self.advertised_port}"
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        # not a `with`: the broker process writes to this file for as long as it runs, after start() returns
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
             [
                 broker_binary(),

@@ -27,9 +27,10 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
         retired = retired_delay_topics(layout, await admin.list_topics())
         if retired:
             raise TopicLayoutError(
-                f"delay topics of another ladder exist: {', '.join(retired)}; records waiting there would never be delivered "
-                f"by this ladder ({layout.ladder}). Keep the ladder "
-                "they were written with (DELAYAPP_DENOMINATIONS), or drain them first and delete them (docs/design.md: changing the ladder)"
+                f"delay topics of another ladder exist: {', '.join(retired)}; records waiting there would never be "
+                f"delivered by this ladder ({layout.ladder}). Keep the ladder "
+                "they were written with (DELAYAPP_DENOMINATIONS), or drain them first and delete them "
+                "(docs/design.md: changing the ladder)"
             )
         specs = configured_topic_specs(s, layout)
         return await ensure_topics(

@@ -158,7 +158,8 @@ class RecordHandler(Handler):
         if size > self.max_record_bytes:
             verdict = DeadLetter(
                 Reason.OVERSIZE,
-                f"record of {size} bytes exceeds the {self.max_record_bytes} bytes accepted; value dropped here, original at {source}",
+                f"record of {size} bytes exceeds the {self.max_record_bytes} bytes accepted; "
+                f"value dropped here, original at {source}",
             )
             return [self.dead_letter(record, verdict, now=now, state=None, drop_value=True)]
         # At ingress, headers only delayapp writes are dropped before anything reads them

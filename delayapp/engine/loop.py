@@ -226,7 +226,8 @@ class HopLoop(Service):
         self.exactly_once = settings.processing_guarantee is Guarantee.EXACTLY_ONCE
         self.parts = AssignedPartitions(priority_topic=priority_topic, release_ahead=settings.release_ahead)
         self.running = asyncio.Event()
-        # called with the target topics a fetched batch names, before it is decided (a coroutine, run on the worker's event loop)
+        # called with the target topics a fetched batch names, before it is decided
+        # (a coroutine, run on the worker's event loop)
         self.before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None = None
         # called with a target a write to which failed in a way that may mean it is gone
         self.on_target_failed: Callable[[str], None] | None = None
@@ -338,7 +339,8 @@ class HopLoop(Service):
         producer_config = {
             **common,
             "acks": "all",
-            "partitioner": "murmur2_random",  # the Java client's: keyed deliveries land where the target's other producers put that key
+            # the Java client's: keyed deliveries land where the target's other producers put that key
+            "partitioner": "murmur2_random",
             "linger.ms": s.producer_linger_ms,
             "batch.size": s.producer_batch_bytes,
             "message.max.bytes": max(s.max_message_bytes + 65_536, s.producer_batch_bytes),  # our size check binds

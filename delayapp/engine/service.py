@@ -128,7 +128,8 @@ class DelayEngine(Service):
             )
         else:
             log.warning(
-                "broker clock: NOT measured (the broker does not stamp LogAppendTime on %s); due times use this worker's clock alone",
+                "broker clock: NOT measured (the broker does not stamp LogAppendTime on %s); "
+                "due times use this worker's clock alone",
                 self.layout.clock,
             )
         # Loops start only once every cancellation already written is known.

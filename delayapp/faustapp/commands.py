@@ -140,7 +140,8 @@ async def plan(self: Any, delay: str) -> None:
     self.say(f"ladder {settings.ladder} (DELAYAPP_DENOMINATIONS), max delay {format_duration(settings.max_delay)}")
     self.say(render.plan_text(delay_ms, planner.plan(delay_ms)))
     self.say(
-        f"worst case: at most {planner.worst_case_hops(settings.max_delay)} hops for any delay up to {format_duration(settings.max_delay)}"
+        f"worst case: at most {planner.worst_case_hops(settings.max_delay)} hops "
+        f"for any delay up to {format_duration(settings.max_delay)}"
     )
     if delay_ms > settings.max_delay:
         _fail(
@@ -275,7 +276,8 @@ async def dlq(
     delay: str | None,
     dry_run: bool,
 ) -> None:
-    """list: show dead letters (faust --json: as JSON); replay: send them back to the ingress topic, each at most once."""
+    """list: show dead letters (faust --json: as JSON); replay: send them back to the ingress topic,
+    each at most once."""
     with _exit_codes():
         selection = _selection(reasons, target, since, until)
         if action == "list":
@@ -344,6 +346,7 @@ def _replay_summary(report: ReplayReport) -> list[str]:
         lines.append(
             "each record and its marker written in one transaction"
             if report.transactional
-            else "broker without transactions: each record written first, then its marker (a crash in between replays that one again)"
+            else "broker without transactions: each record written first, then its marker "
+            "(a crash in between replays that one again)"
         )
     return lines

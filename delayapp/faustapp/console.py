@@ -258,11 +258,13 @@ def stacked_bins_svg(
             h = chart * count / top
             y -= h
             parts.append(
-                f'<rect x="{n * column + 2:.1f}" y="{y:.1f}" width="{column - 4:.1f}" height="{h:.1f}" fill="{colours[reason]}">'
+                f'<rect x="{n * column + 2:.1f}" y="{y:.1f}" width="{column - 4:.1f}" height="{h:.1f}" '
+                f'fill="{colours[reason]}">'
                 f"<title>{escape(reason)}: {count}</title></rect>"
             )
     parts.append(
-        f'<text x="0" y="{height - 4}" font-size="11">-1h</text><text x="{width}" y="{height - 4}" font-size="11" text-anchor="end">now</text>'
+        f'<text x="0" y="{height - 4}" font-size="11">-1h</text>'
+        f'<text x="{width}" y="{height - 4}" font-size="11" text-anchor="end">now</text>'
     )
     for n, reason in enumerate(reasons):
         x, y = (n % 3) * (width / 3), height + 12 + 16 * (n // 3)

@@ -79,7 +79,7 @@ class DeadLetterTail(Service):
             quiet_since = time.monotonic()
             while not self.should_stop:
                 fetched = await consumer.getmany(timeout_ms=500, max_records=5_000)
-                for tp, records in fetched.items():
+                for records in fetched.values():
                     for record in records:
                         self._fold(record)
                 if not self.caught_up:

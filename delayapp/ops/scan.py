@@ -72,7 +72,8 @@ async def scan_topic(settings: Settings, topic: str, *, missing_ok: bool = False
                 return
             if time.monotonic() - stalled_since > SCAN_STALL_S:
                 raise BrokerError(
-                    f"{topic}: no records for {SCAN_STALL_S:.0f} s before the end the broker reported ({behind[0].partition}: {ends[behind[0]]})"
+                    f"{topic}: no records for {SCAN_STALL_S:.0f} s before the end the broker reported "
+                    f"({behind[0].partition}: {ends[behind[0]]})"
                 )
     finally:
         await consumer.stop()

@@ -29,10 +29,12 @@ async def fetch_status(url: str, record_id: str, *, timeout_s: float = 10.0) -> 
     """
     address = f"{url.rstrip('/')}/delay/records/{quote(record_id, safe='')}"
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            async with session.get(address) as response:
-                body = await response.read()
-                status = response.status
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
+            session.get(address) as response,
+        ):
+            body = await response.read()
+            status = response.status
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise WorkerUnavailable(
             f"no worker answers at {url} ({type(exc).__name__}: {exc}); is `faust -A delayapp worker` running? (--url)"
@@ -45,6 +47,7 @@ async def fetch_status(url: str, record_id: str, *, timeout_s: float = 10.0) -> 
         raise RecordNotFound(f"record {record_id}: {data['error']}")
     if status != 200 or not isinstance(data, dict):
         raise WorkerUnavailable(
-            f"{address} answered HTTP {status} without a record state: is this a delayapp worker with the /delay/records view?"
+            f"{address} answered HTTP {status} without a record state: "
+            "is this a delayapp worker with the /delay/records view?"
         )
     return data

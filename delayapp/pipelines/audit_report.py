@@ -267,10 +267,14 @@ def write_reports(out_dir: str, title: str, summary: list[tuple[str, Any]], sect
         body.append(_html_table(columns, rows) if rows else "<p><em>no data</em></p>")
     with open(os.path.join(out_dir, "report.md"), "w", encoding="utf-8") as fh:
         fh.write("\n".join(md))
-    style = "body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
+    style = (
+        "body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
+    )
     with open(os.path.join(out_dir, "report.html"), "w", encoding="utf-8") as fh:
         fh.write(
-            f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(body)}</body></html>"
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(body)}</body></html>"
         )
 
 

@@ -58,7 +58,10 @@ JOB = "bulk-schedule"
 RECORD_ID_NAMESPACE = uuid.UUID("6f0c3a52-2f7e-4a59-9a43-7d1f3f0b8c11")
 USER_SETTABLE_DELAY_HEADERS = frozenset({h.VALID_AT, h.EXPIRE_AT})
 MAX_ERRORS_SHOWN = 5
-PLANNED_SCHEMA = "record_id string, topic string, key binary, value binary, headers array<struct<key: string, value: binary>>, error string"
+PLANNED_SCHEMA = (
+    "record_id string, topic string, key binary, value binary, "
+    "headers array<struct<key: string, value: binary>>, error string"
+)
 
 
 def bulk_record_id(explicit_id: str | None, content: str, occurrence: int) -> str:

@@ -35,7 +35,8 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="PATHS",
-        help="zips or .py files for the executors' sys.path, as spark-submit's --py-files (comma-separated, repeatable); "
+        help="zips or .py files for the executors' sys.path, as spark-submit's --py-files "
+        "(comma-separated, repeatable); "
         "e.g. the zip of `python -m delayapp.pipelines package-zip` for executors without delayapp installed",
     )
     parser.add_argument("--broker", help="Kafka bootstrap servers (default: DELAYAPP_BROKER / KAFKA_BROKER)")

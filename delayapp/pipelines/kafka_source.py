@@ -202,9 +202,7 @@ def list_partitions(consumer: Consumer, topics: list[str], timeout_s: float) -> 
     return sorted(found)
 
 
-def end_offsets(
-    consumer: Consumer, partitions: list[tuple[str, int]], timeout_s: float
-) -> dict[tuple[str, int], int]:
+def end_offsets(consumer: Consumer, partitions: list[tuple[str, int]], timeout_s: float) -> dict[tuple[str, int], int]:
     """The true end offset of each partition: from the high watermark, consumed to end-of-partition."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -283,7 +281,8 @@ def read_range(options: Mapping[str, str], part: OffsetRange) -> Iterator[tuple]
             messages = consumer.consume(500, timeout=0.5)
             if not messages and time.monotonic() - progress_at > timeout_s:
                 raise PipelineError(
-                    f"{part.topic}/{part.partition}: records up to offset {part.end} were planned, none after {position} arrived within {timeout_s:.0f} s"
+                    f"{part.topic}/{part.partition}: records up to offset {part.end} were planned, "
+                    f"none after {position} arrived within {timeout_s:.0f} s"
                 )
             for message in messages:
                 error = message.error()

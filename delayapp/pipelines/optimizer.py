@@ -323,12 +323,14 @@ def optimize(
     space = search_space(histogram, current, settings.max_delay, k, candidates, worst_hops)
     k, bound, max_delay = space.k, space.bound, space.bound.max_delay_ms
     with progress.step(
-        f"searching ladders of {k} denominations over {len(space.candidates)} candidates, at most {bound.hops} hops up to {format_duration(max_delay)}"
+        f"searching ladders of {k} denominations over {len(space.candidates)} candidates, "
+        f"at most {bound.hops} hops up to {format_duration(max_delay)}"
     ) as said:
         best = propose(current, space, spark_evaluator(context, histogram, bound), max_evaluations)
         if best.expected_hops >= PENALTY:
             raise PipelineError(
-                f"no ladder of {k} denominations keeps every delay up to {format_duration(max_delay)} within {bound.hops} hops"
+                f"no ladder of {k} denominations keeps every delay up to {format_duration(max_delay)} "
+                f"within {bound.hops} hops"
             )
         now = Choice(current.denominations, expected_hops(current.denominations, histogram))
         how = "the optimum of" if best.exact else "the best local optimum after"
@@ -380,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-evaluations",
         type=int,
         default=MAX_EVALUATIONS,
-        help=f"ladders scored by the search: exhaustive when there are at most this many, else local searches within about this many (default {MAX_EVALUATIONS})",
+        help="ladders scored by the search: exhaustive when there are at most this many, "
+        f"else local searches within about this many (default {MAX_EVALUATIONS})",
     )
     parser.add_argument("--json", dest="json_path", help="also write the comparison as JSON to this file")
     return parser

@@ -133,7 +133,8 @@ class ChaosResult:
             ),
             (
                 "lateness outside fault windows p50 / p99 / max",
-                f"{_ms(self.lateness_p50_ms)} / {_ms(self.lateness_p99_ms)} / {_ms(self.lateness_max_ms)} ({self.lateness_samples} records)",
+                f"{_ms(self.lateness_p50_ms)} / {_ms(self.lateness_p99_ms)} / {_ms(self.lateness_max_ms)} "
+                f"({self.lateness_samples} records)",
             ),
             (
                 "lag back to 0 after the last fault (last delivery > 1 s late; goal <= 60 s)",
@@ -341,7 +342,7 @@ class ChaosRun:
             for worker in [w for w in self.workers if w.alive]:
                 base = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}/delay/records/"
 
-                async def answers() -> bool:
+                async def answers(base: str = base) -> bool:
                     async with session.get(base + ids[0]) as response:
                         return response.status != 503
 
