@@ -82,23 +82,23 @@ class EmbeddedBroker:
         """Start the broker and wait until it accepts connections."""
         url = f"tcp://{self.host}:{self.port}"
         advertised = f"tcp://{self.host}:{self.advertised_port}"
-        # not a `with`: the broker process writes to this file for as long as it runs, after start() returns
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [
-                broker_binary(),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                advertised,
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
-        )
+        command = [
+            broker_binary(),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            advertised,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+        if self.log_path:
+            # the broker process gets its own copy of the file descriptor: ours can close at once
+            with open(self.log_path, "ab") as log_file:
+                self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        else:
+            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
         try:
             wait_for_port(self.host, self.port)
         except EmbeddedBrokerError:
