@@ -131,7 +131,6 @@ class LoopStats:
     delivered_by_target: Counter[str | None] = field(default_factory=Counter)
     dead_letters_by_reason: Counter[str | None] = field(default_factory=Counter)
     recent: deque[tuple[int, str, int | None]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
-    last_progress_ms: int = 0
 
 
 class FetchedRecord:
@@ -814,7 +813,6 @@ class HopLoop(Service):
         with self._state_lock:
             self.parts.committed_to(offsets)
         self.stats.commits += 1
-        self.stats.last_progress_ms = self.clock()
 
     def _committed(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if error is not None:
@@ -893,7 +891,6 @@ class HopLoop(Service):
         with self._state_lock:
             self.parts.committed_to(offsets)
         self.stats.commits += 1
-        self.stats.last_progress_ms = self.clock()
 
     def _abort(self, batches: list[_Batch], failed: _Batch | None, exc: Exception) -> None:
         producer = self._producer
