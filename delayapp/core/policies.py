@@ -160,9 +160,8 @@ def admit(
         # (earlier) now would release the record early by the broker's clock.
         entered = delayed_at = record_timestamp_ms
     else:
-        entered = (
-            now_ms if seen_at_ms is None else seen_at_ms
-        )  # never a producer's timestamp: a back-dated one is early
+        # never a producer's timestamp: a back-dated one is early
+        entered = now_ms if seen_at_ms is None else seen_at_ms
         delayed_at = min(record_timestamp_ms, entered) if record_timestamp_ms > 0 else entered
     if state.reactivate_at is not None:
         due = state.reactivate_at

@@ -216,9 +216,8 @@ class HopLoop(Service):
         self.handler = handler
         self.settings = settings
         self.audit_topic = audit_topic
-        self.states_topic = (
-            states_topic  # record-states: each audit event again, compacted by record id (the read model)
-        )
+        # record-states: each audit event again, compacted by record id (the read model)
+        self.states_topic = states_topic
         self.ingress = ingress
         self.clock = clock if clock is not None else GuardedClock()
         self.stats = LoopStats()
@@ -235,9 +234,8 @@ class HopLoop(Service):
         self._in_flight: deque[_Batch] = deque()
         self._txn_open_since: float | None = None  # exactly_once: monotonic s the open transaction began
         self._txn_member: str | None = None  # exactly_once: the member id that opened it
-        self._refused: dict[
-            tuple[PartitionKey, int], DeadLetter
-        ] = {}  # records a target refused, to dead-letter on the redo
+        # records a target refused, to dead-letter on the redo
+        self._refused: dict[tuple[PartitionKey, int], DeadLetter] = {}
         self._recently_stalled: dict[PartitionKey, float] = {}
         self._pending_seeks: dict[PartitionKey, int | None] = {}
         self._next_watchdog_s = 0.0
@@ -281,9 +279,8 @@ class HopLoop(Service):
         self._stopping.set()
         thread = self._thread
         if thread is not None:
-            limit_s = (
-                self.settings.session_timeout_ms / 1000 + 15
-            )  # settling in the group (see _finish_joining), then the batch
+            # settling in the group (see _finish_joining), then the batch
+            limit_s = self.settings.session_timeout_ms / 1000 + 15
             await asyncio.get_running_loop().run_in_executor(None, thread.join, limit_s)
             if thread.is_alive():
                 log.warning("%s: loop did not finish its batch within %.0f s", self.label, limit_s)

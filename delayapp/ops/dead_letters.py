@@ -18,7 +18,6 @@ from delayapp.engine.bootstrap import probe_transactions
 from delayapp.ops.scan import scan_topic
 from delayapp.settings import Settings
 
-log = logging.getLogger(__name__)
 REPLAY_TRANSACTION_SIZE = 100
 
 

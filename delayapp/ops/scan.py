@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,7 +14,6 @@ from delayapp.engine.metadata import topic_partitions
 from delayapp.ops.errors import CommandError
 from delayapp.settings import Settings
 
-log = logging.getLogger(__name__)
 SCAN_IDLE_MS = 1_000
 SCAN_STALL_S = 30.0
 # Records stamped later than this after a scan began were written during the scan: a scan

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -17,8 +16,6 @@ from delayapp.core.policies import stable_record_id
 from delayapp.core.schedule import PRIORITY_NORMAL, ScheduleRequest
 from delayapp.ops.errors import CommandError
 from delayapp.settings import Settings
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

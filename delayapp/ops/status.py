@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 from urllib.parse import quote
 
@@ -12,8 +11,6 @@ import orjson
 
 from delayapp.ops.errors import RecordNotFound, WorkerUnavailable
 from delayapp.settings import Settings
-
-log = logging.getLogger(__name__)
 
 
 def default_status_url(settings: Settings) -> str:
