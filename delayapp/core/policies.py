@@ -13,7 +13,7 @@ import enum
 import fnmatch
 import uuid
 from collections.abc import Container
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from delayapp.core.durations import format_duration
 from delayapp.core.headers import DelayHeaders
@@ -45,6 +45,9 @@ class Reason(str, enum.Enum):
         return self.value
 
 
+PATTERN_VERDICTS_KEPT = 4_096  # target names whose pattern verdict a Policy remembers
+
+
 @dataclass(frozen=True)
 class Policy:
     """The governance rules one deployment applies to every record.
@@ -63,10 +66,32 @@ class Policy:
     reserved_topics: frozenset[str] = frozenset()
     reserved_patterns: tuple[str, ...] = ()
 
+    # The verdict of the name patterns per target name: a pure function of the name, asked at
+    # every hop of every record, and a deployment has few targets. Bounded against a flood of
+    # forged names (cleared when full).
+    _pattern_verdicts: dict[str, DeadLetter | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+
     def check_target(self, topic: str | None, known_topics: Container[str] | None = None) -> DeadLetter | None:
         """None if ``topic`` may receive records, else the dead-letter verdict saying why."""
         if not topic:
             return DeadLetter(Reason.MISSING_TARGET, "no reactivateToTopic header: the record has no destination")
+        verdicts = self._pattern_verdicts
+        try:
+            verdict = verdicts[topic]
+        except KeyError:
+            verdict = self._check_patterns(topic)
+            if len(verdicts) >= PATTERN_VERDICTS_KEPT:
+                verdicts.clear()
+            verdicts[topic] = verdict
+        if verdict is not None:
+            return verdict
+        if known_topics is not None and topic not in known_topics:
+            return DeadLetter(Reason.UNKNOWN_TARGET, f"target topic {topic!r} does not exist")
+        return None
+
+    def _check_patterns(self, topic: str) -> DeadLetter | None:
         if topic in self.reserved_topics or any(fnmatch.fnmatchcase(topic, p) for p in self.reserved_patterns):
             return DeadLetter(Reason.TARGET_LOOP, f"target {topic!r} is one of delayapp's own topics")
         if not any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.allowed_targets):
@@ -74,8 +99,6 @@ class Policy:
                 Reason.TARGET_NOT_ALLOWED,
                 f"target {topic!r} matches none of the allowed targets {list(self.allowed_targets)}",
             )
-        if known_topics is not None and topic not in known_topics:
-            return DeadLetter(Reason.UNKNOWN_TARGET, f"target topic {topic!r} does not exist")
         return None
 
 

@@ -93,3 +93,46 @@ def test_any_valid_timestamp_round_trips(ts: int) -> None:
 def test_header_value() -> None:
     assert h.header_value([("a", b"1"), ("a", b"2")], "a") == b"1"
     assert h.header_value(None, "a") is None
+
+
+def test_a_checked_topic_name_is_remembered_and_a_bad_one_never_is(monkeypatch) -> None:
+    monkeypatch.setattr(h, "_CHECKED_TOPICS", {})
+    for _ in range(2):
+        assert h.decode([(h.REACTIVATE_TO_TOPIC, b"orders")])[0].reactivate_to_topic == "orders"
+        with pytest.raises(HeaderError, match="topic name"):
+            h.decode([(h.REACTIVATE_TO_TOPIC, b"bad topic")])
+    assert h._CHECKED_TOPICS == {b"orders": "orders"}
+    # a name given as a bytearray (a producer's buffer) is checked and decoded the same way
+    assert h.decode([(h.REACTIVATE_TO_TOPIC, bytearray(b"orders"))])[0].reactivate_to_topic == "orders"
+
+
+def test_remembered_topic_names_are_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(h, "_CHECKED_TOPICS", {})
+    monkeypatch.setattr(h, "CHECKED_TOPICS_KEPT", 3)
+    for i in range(10):
+        h.decode([(h.REACTIVATE_TO_TOPIC, f"t{i}".encode())])
+        assert len(h._CHECKED_TOPICS) <= 3
+
+
+@settings(max_examples=300)
+@given(st.lists(st.binary(max_size=12), min_size=1, max_size=6))
+def test_topic_names_decode_the_same_whether_remembered_or_not(names: list[bytes]) -> None:
+    def outcome(raw: bytes) -> str:
+        try:
+            return h.decode([(h.REACTIVATE_TO_TOPIC, raw)])[0].reactivate_to_topic or ""
+        except HeaderError as exc:
+            return f"refused: {exc}"
+
+    first = [outcome(raw) for raw in names]
+    assert [outcome(raw) for raw in names] == first  # the second pass reads what the first remembered
+    h._CHECKED_TOPICS.clear()
+    assert [outcome(raw) for raw in names] == first
+
+
+def test_a_state_is_immutable_and_evolve_refuses_unknown_fields() -> None:
+    state = h.DelayHeaders(record_id="r", awake_at=h.MIN_TIMESTAMP_MS)
+    with pytest.raises(AttributeError):
+        state.awake_at = 1  # type: ignore[misc]
+    with pytest.raises(ValueError, match="unexpected field"):
+        state.evolve(awake=1)
+    assert state.evolve(delay_hops=2) == h.DelayHeaders(record_id="r", awake_at=h.MIN_TIMESTAMP_MS, delay_hops=2)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from delayapp.core import policies
 from delayapp.core.headers import DelayHeaders
 from delayapp.core.ladder import Ladder
 from delayapp.core.planner import Hop, Planner
@@ -136,6 +139,43 @@ def test_missing_target_and_unknown_target() -> None:
     assert step(admitted(delay_ms=1).evolve(reactivate_to_topic=None)).reason is Reason.MISSING_TARGET
     result = step(admitted(delay_ms=1).evolve(reactivate_to_topic="payments.eu"), known={"orders"})
     assert result.reason is Reason.UNKNOWN_TARGET
+
+
+def test_a_remembered_target_verdict_still_asks_whether_the_topic_exists_now() -> None:
+    policy = Policy(max_delay_ms=60_000, max_retries=3, allowed_targets=("orders*",))
+    assert policy.check_target("orders-eu", known_topics=set()).reason is Reason.UNKNOWN_TARGET
+    assert policy.check_target("orders-eu", known_topics={"orders-eu"}) is None  # created since
+    assert policy.check_target("payments").reason is Reason.TARGET_NOT_ALLOWED
+    assert policy.check_target("payments").reason is Reason.TARGET_NOT_ALLOWED  # remembered, same verdict
+
+
+def test_remembered_target_verdicts_are_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(policies, "PATTERN_VERDICTS_KEPT", 3)
+    policy = Policy(max_delay_ms=60_000, max_retries=3)
+    for i in range(10):
+        assert policy.check_target(f"t{i}") is None
+        assert len(policy._pattern_verdicts) <= 3
+    # the memo takes no part in a policy's equality or hash
+    assert policy == Policy(max_delay_ms=60_000, max_retries=3)
+    assert hash(policy) == hash(Policy(max_delay_ms=60_000, max_retries=3))
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.text(alphabet="ab.*-", min_size=1, max_size=5), min_size=1, max_size=3),
+    st.lists(st.text(alphabet="ab.-", max_size=5), min_size=1, max_size=8),
+)
+def test_target_verdicts_are_the_same_remembered_or_not(patterns: list[str], names: list[str]) -> None:
+    def verdicts(policy: Policy) -> list[object]:
+        return [policy.check_target(name) for name in names]
+
+    def fresh() -> Policy:
+        return Policy(max_delay_ms=1, max_retries=0, allowed_targets=tuple(patterns), reserved_patterns=("a.*",))
+
+    remembering = fresh()
+    first = verdicts(remembering)
+    assert verdicts(remembering) == first  # the second pass reads what the first remembered
+    assert verdicts(fresh()) == first
 
 
 def test_expiry_is_checked_again_at_every_hop() -> None:
