@@ -148,7 +148,6 @@ _FIELD_BY_HEADER = {
     PRIORITY: "priority",
     THROTTLED_UNTIL: "throttled_until",
 }
-_HEADER_BY_FIELD = {v: k for k, v in _FIELD_BY_HEADER.items()}
 assert tuple(_FIELD_BY_HEADER[name] for name in DELAY_HEADERS) == DelayHeaders._fields  # encode relies on the order
 _COUNTS = {TIME_RETRIED, DELAY_HOPS}
 _TIMES = frozenset(TIME_HEADERS)
