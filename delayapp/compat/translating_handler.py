@@ -15,8 +15,9 @@ from delayapp.compat.cesium import translate_cesium
 from delayapp.compat.envelope import translate_envelope
 from delayapp.compat.translation import Translation
 from delayapp.core import headers as h
+from delayapp.core.hop import LeanHeaders
 from delayapp.core.policies import DeadLetter, Wait
-from delayapp.engine.handler import Handler, Output, RecordHandler
+from delayapp.engine.handler import Handler, LeanOutput, Output, RecordHandler
 from delayapp.engine.records import ConsumedRecord
 
 Translate = Callable[[ConsumedRecord, int], Translation | DeadLetter]
@@ -66,6 +67,12 @@ class TranslatingHandler(Handler):
         """The target topics ``records`` name once translated (untranslatable ones name none)."""
         translated = (self.translated(record, now) for record in records)
         return self.inner.targets([t for t in translated if not isinstance(t, DeadLetter)], now=now)
+
+    def lean(
+        self, value: bytes | None, size: int, headers: LeanHeaders, now: int, source: Callable[[], str]
+    ) -> LeanOutput | Wait | None:
+        """None: a compat source is an ingress, whose records the full path admits."""
+        return None
 
     def handle(
         self,

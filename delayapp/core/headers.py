@@ -201,7 +201,8 @@ def is_topic_name(name: str) -> bool:
     return bool(_TOPIC_NAME.match(name)) and name not in (".", "..")
 
 
-def _decode_topic(name: str, raw: bytes | None) -> str:
+def decode_topic(name: str, raw: bytes | None) -> str:
+    """A topic-name header's value (``reactivateToTopic``), checked; :class:`HeaderError` says what is wrong."""
     # A deployment has few targets and every hop reads one: a name once checked is looked up.
     if type(raw) is bytes:
         known = _CHECKED_TOPICS.get(raw)
@@ -223,21 +224,22 @@ def _decode_priority(name: str, raw: bytes | None) -> str:
     return text
 
 
-def _decode_record_id(name: str, raw: bytes | None) -> str:
+def decode_record_id(name: str, raw: bytes | None) -> str:
+    """A ``recordId`` header's value, checked; :class:`HeaderError` says what is wrong."""
     text = _decode_ascii(name, raw)
     if len(text) > MAX_RECORD_ID_LENGTH or not _RECORD_ID.match(text):
         raise HeaderError(name, f"must be 1-{MAX_RECORD_ID_LENGTH} printable ASCII characters")
     return text
 
 
-CHECKED_TOPICS_KEPT = 4_096  # topic names (raw bytes) remembered as valid by _decode_topic
+CHECKED_TOPICS_KEPT = 4_096  # topic names (raw bytes) remembered as valid by decode_topic
 _CHECKED_TOPICS: dict[bytes, str] = {}
 
 # Each delay header: its field of DelayHeaders and the function that checks and converts its value.
 _DECODERS: dict[str, tuple[str, Callable[[str, bytes | None], int | str]]] = {
     name: (
         field,
-        {REACTIVATE_TO_TOPIC: _decode_topic, PRIORITY: _decode_priority, RECORD_ID: _decode_record_id}.get(
+        {REACTIVATE_TO_TOPIC: decode_topic, PRIORITY: _decode_priority, RECORD_ID: decode_record_id}.get(
             name, _decode_number
         ),
     )

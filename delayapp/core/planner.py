@@ -36,6 +36,7 @@ from delayapp.errors import ConfigError
 
 UNREACHABLE = 1 << 30
 MAX_TABLE_ENTRIES = 40_000_000
+NEXT_HOPS_KEPT = 100_000  # next-hop choices a planner remembers (cleared when full)
 
 Histogram = Sequence[tuple[int, int]]  # (delay ms, how many requests)
 
@@ -75,6 +76,8 @@ class Planner:
                 f"{self.unit} ms granularity); use denominations with a larger common divisor"
             )
         self._table = _min_coin_table(self._coins, size)
+        # The next hop's choice, per (remaining // unit, remaining % unit == 0): see next_hop_ms
+        self._next: dict[tuple[int, bool], tuple[int, int] | None] = {}
 
     # -- full hops -------------------------------------------------------------------------
 
@@ -147,13 +150,41 @@ class Planner:
 
     def next_hop(self, remaining_ms: int) -> Hop | None:
         """The first hop of the minimal plan, or None when the record is due now."""
+        step = self.next_hop_ms(remaining_ms)
+        return None if step is None else Hop(*step)
+
+    def next_hop_ms(self, remaining_ms: int) -> tuple[int, int] | None:
+        """The first hop of the minimal plan as ``(denomination_ms, duration_ms)``, or None when due now.
+
+        Asked at every hop of every record, so the choice is remembered. It depends on
+        ``remaining_ms`` only through ``q = remaining // unit`` and whether the remainder
+        ``r`` is 0: the candidate full amounts are the multiples of the unit in
+        ``[R - d, R - d + smallest)`` for each denomination ``d``, which for ``r > 0`` are
+        ``qu - d + u ... qu - d + smallest`` whatever ``r`` is (and ``smallest`` is a multiple
+        of ``u``); the tie-break compares ``d + full`` (``R`` is common to all), and an exact
+        full-hop plan exists only when ``r == 0``. What is remembered is the denomination and
+        the full amount; a partial hop's duration is ``remaining - full``.
+        """
         if remaining_ms <= 0:
             return None
-        full, partial = self._best_split(remaining_ms)
-        if full > 0:
-            d = self._first_full_hop(full)
-            return Hop(d, d)
-        return partial
+        unit = self.unit
+        key = (remaining_ms // unit, remaining_ms % unit == 0)
+        try:
+            choice = self._next[key]
+        except KeyError:
+            full, partial = self._best_split(remaining_ms)
+            if full > 0:
+                d = self._first_full_hop(full)
+                choice = (d, -1)  # a full hop: its duration is its denomination
+            else:
+                assert partial is not None  # remaining > 0 needs a hop
+                choice = (partial.denomination_ms, 0)
+            if len(self._next) >= NEXT_HOPS_KEPT:
+                self._next.clear()
+            self._next[key] = choice
+        assert choice is not None
+        d, full = choice
+        return (d, d) if full < 0 else (d, remaining_ms - full)
 
     def hop_count(self, remaining_ms: int) -> int:
         """Number of hops of the minimal plan."""

@@ -15,6 +15,7 @@ from delayapp.core import headers as h
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
+from delayapp.core.hop import LeanDelivery, LeanHeaders, LeanHop, LeanStep
 from delayapp.core.layout import TopicLayout
 from delayapp.core.partition import credible_awake_at
 from delayapp.core.planner import Planner
@@ -67,6 +68,10 @@ class Output:
     audit: AuditEvent | None = None
 
 
+LeanOutput = LeanHop | LeanDelivery
+"""A lean step's write: the fetched record's key and value with the headers it names."""
+
+
 class Handler(Protocol):
     """What a :class:`delayapp.engine.loop.HopLoop` calls on its handler: the interface
     :class:`RecordHandler` and :class:`delayapp.compat.translating_handler.TranslatingHandler` implement."""
@@ -79,6 +84,13 @@ class Handler(Protocol):
 
     def handle(self, record: ConsumedRecord, *, now: int, ingress: bool, max_wait_ms: int = 0) -> Wait | list[Output]:
         """Wait (not due: the partition waits) or the records to produce for ``record``."""
+        ...
+
+    def lean(
+        self, value: bytes | None, size: int, headers: LeanHeaders, now: int, source: Callable[[], str]
+    ) -> LeanOutput | Wait | None:
+        """The lean step of a delay topic's record (see :mod:`delayapp.core.hop`), or None:
+        :meth:`handle` decides."""
         ...
 
     def refused(self, record: ConsumedRecord, verdict: DeadLetter, *, now: int, drop_value: bool = False) -> Output:
@@ -111,6 +123,24 @@ class RecordHandler(Handler):
         self.priority_lane = priority_lane
         # ingress records without broker time that wait in the router: when it first read them
         self._first_seen: dict[tuple[str, int, int], int] = {}
+        self._lean = LeanStep(
+            planner=planner,
+            policy=policy,
+            topic_of=lambda denomination, priority: layout.delay_topic(denomination, priority=priority),
+            cancellations=cancellations,
+            known_topics=known_topics,
+            priority_lane=priority_lane,
+            deliveries=slots is None,  # a rate limit reserves delivery slots on the full path
+        )
+
+    def lean(
+        self, value: bytes | None, size: int, headers: LeanHeaders, now: int, source: Callable[[], str]
+    ) -> LeanOutput | Wait | None:
+        """The lean step of a delay topic's record of ``size`` bytes, read at ``source()``, or
+        None: :meth:`handle` decides (a tombstone and an oversized record are refused there)."""
+        if value is None or size > self.max_record_bytes:
+            return None
+        return self._lean(headers, now, source)
 
     def targets(self, records: Iterable[ConsumedRecord], *, now: int) -> set[str]:
         """The target topics ``records`` name (their ``reactivateToTopic``), read without decoding the rest."""

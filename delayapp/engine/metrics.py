@@ -77,6 +77,10 @@ class EngineMetrics:
         else:
             self.dead_letters.labels(event.reason or "unknown").inc()
 
+    def observe_hops(self, hop_loop: Any, hops: int) -> None:
+        """Account for ``hops`` lean hops written by ``hop_loop`` (they have no audit event)."""
+        self.hop_writes.labels(hop_loop.name).inc(hops)
+
     def set_pending(self, pending_by_topic: dict[str, int], restarts_by_loop: dict[str, int]) -> None:
         """Refresh the gauges from the latest lag sample."""
         for topic, pending in pending_by_topic.items():

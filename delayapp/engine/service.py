@@ -142,6 +142,7 @@ class DelayEngine(Service):
             audit_topic=audit,
             states_topic=states,
             observer=self.metrics.observe,
+            hops_observer=self.metrics.observe_hops,
             clock=self.clock,
             loop=self.loop,
             beacon=self.beacon,

@@ -1,0 +1,278 @@
+"""The lean step of a delay worker: a record read from a delay topic, hopped on or delivered
+straight from its raw headers, with no decoded state and no output object.
+
+Almost every step a delay worker takes is one of two: an intermediate hop (5-7 per record on
+realistic delays), which moves a record that is not due one denomination on, or the delivery
+of a record that is due. Each consults only some headers: the due time and what can move it
+(``reactivateAt``, ``validAt``, ``throttledUntil``), the expiry, the retry count, the lane,
+the hop count, and, for the cancel check, the record id and its entry time; a delivery also
+the target and the headers it keeps. :class:`LeanStep` reads exactly those from the header
+list librdkafka hands over, checks them as :func:`delayapp.core.headers.decode` would, and
+answers a hop (the next delay topic and the same list with ``awakeAt`` and ``delayHops``
+rewritten in place, no audit event: hops are not published by default) or a delivery (the
+target, the headers without those delayapp removes, and the step's audit event).
+
+Anything else is not its business and it says so by answering None: a header it consults
+that is missing, repeated or malformed, an expired record or one past its retries, a delay
+beyond the maximum, a pending cancel, a target the policy refuses, a rate-limited delivery.
+The caller then takes the full path (:class:`delayapp.engine.handler.RecordHandler`), which
+decodes every header, applies every policy and dead-letters with the reason. So the lean step
+never decides differently from the full path, it only declines to decide (a property test
+holds the two together). A hop leaves the target's policy to the router and the delivery,
+which both check it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container
+from typing import NamedTuple
+
+from delayapp.core import headers as h
+from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
+from delayapp.core.cancel import CancelRequest, applies_to
+from delayapp.core.errors import HeaderError
+from delayapp.core.planner import Planner
+from delayapp.core.policies import Policy, Wait
+
+# What the lean step reads, by header name: a bit each, compared in the loop below
+_REACTIVATE_AT = 1
+_AWAKE_AT = 2
+_HOPS = 4
+_RETRIED = 8
+_PRIORITY = 16
+_RECORD_ID = 32
+_TARGET = 64
+_VALID_AT = 128
+_EXPIRE_AT = 256
+_THROTTLED = 512
+_DELAYED_AT = 1024
+_ORIGINATED_AT = 2048
+_DELAY_MS = 4096
+_READ = {
+    h.REACTIVATE_AT: _REACTIVATE_AT,
+    h.AWAKE_AT: _AWAKE_AT,
+    h.DELAY_HOPS: _HOPS,
+    h.TIME_RETRIED: _RETRIED,
+    h.PRIORITY: _PRIORITY,
+    h.RECORD_ID: _RECORD_ID,
+    h.REACTIVATE_TO_TOPIC: _TARGET,
+    h.VALID_AT: _VALID_AT,
+    h.EXPIRE_AT: _EXPIRE_AT,
+    h.THROTTLED_UNTIL: _THROTTLED,
+    h.DELAYED_AT: _DELAYED_AT,
+    h.ORIGINATED_AT: _ORIGINATED_AT,
+    h.DELAY_MS: _DELAY_MS,
+}
+# Headers a delivery removes (what the full path's irremovable state leaves out)
+_REMOVED = frozenset(h.REMOVABLE)
+_MIN_TIME, _MAX_TIME, _MAX_COUNT = h.MIN_TIMESTAMP_MS, h.MAX_TIMESTAMP_MS, h.MAX_COUNT
+
+LeanHeaders = list[tuple[str, bytes | None]]
+"""A record's headers as librdkafka hands them over (a fresh list the caller owns)."""
+
+
+class LeanHop(NamedTuple):
+    """An intermediate hop: write the fetched record to ``topic`` with ``headers`` (rewritten in place)."""
+
+    topic: str
+    headers: LeanHeaders
+
+
+class LeanDelivery(NamedTuple):
+    """A delivery: write the fetched record to its target ``topic`` with ``headers``, and publish ``audit``."""
+
+    topic: str
+    headers: LeanHeaders
+    audit: AuditEvent
+
+
+def _time(raw: bytes | None) -> int | None:
+    """An epoch-ms header as decode accepts it, or None (the full path explains what is wrong)."""
+    if type(raw) is bytes and 0 < len(raw) <= 19 and raw.isdigit():
+        value = int(raw)
+        if _MIN_TIME <= value <= _MAX_TIME:
+            return value
+    return None
+
+
+def _count(raw: bytes | None) -> int | None:
+    """A count header as decode accepts it, or None."""
+    if type(raw) is bytes and 0 < len(raw) <= 19 and raw.isdigit():
+        value = int(raw)
+        if value <= _MAX_COUNT:
+            return value
+    return None
+
+
+def _checked(decoder: Callable[[str, bytes | None], str], name: str, raw: bytes | None) -> str | None:
+    """A text header as decode accepts it, or None."""
+    try:
+        return decoder(name, raw)
+    except HeaderError:
+        return None
+
+
+class LeanStep:
+    """Takes a delay topic's record one step from its raw headers (see the module's docstring);
+    build once per worker.
+
+    ``topic_of(denomination_ms, priority)`` names the delay topic of a hop; ``cancellations``
+    is the live cancel of a record id (None: none); ``known_topics`` the topics that exist
+    (None: not checked); ``deliveries`` False leaves every delivery to the full path (a rate
+    limit reserves delivery slots there)."""
+
+    def __init__(
+        self,
+        *,
+        planner: Planner,
+        policy: Policy,
+        topic_of: Callable[[int, bool], str],
+        cancellations: Callable[[str | None], CancelRequest | None],
+        known_topics: Callable[[], Container[str] | None] = lambda: None,
+        priority_lane: bool = True,
+        deliveries: bool = True,
+    ) -> None:
+        self.next_hop_ms = planner.next_hop_ms
+        self.policy = policy
+        self.max_delay_ms = policy.max_delay_ms
+        self.max_retries = policy.max_retries
+        self.hold_below_ms = policy.hold_below_ms
+        self.cancellations = cancellations
+        self.known_topics = known_topics
+        self.priority_lane = priority_lane
+        self.deliveries = deliveries
+        self._topics: dict[tuple[int, bool], str] = {}
+        self._topic_of = topic_of
+
+    def __call__(
+        self, headers: LeanHeaders, now: int, source: Callable[[], str]
+    ) -> LeanHop | LeanDelivery | Wait | None:
+        """The record's next step at ``now``: a hop, a delivery, a :class:`Wait` for a record due
+        too soon to hop (held where it is), or None: the full path decides. ``headers`` is
+        changed in place only when a hop is answered; ``source()`` names where the record was
+        read (for a delivery's audit event)."""
+        due = valid = expire = throttled = hops = retried = delayed = None
+        priority = False
+        record_id = target = None
+        awake_index = hops_index = -1
+        seen = 0  # the headers read so far: a repeated one is the full path's to refuse
+        read = _READ
+        for index, (name, raw) in enumerate(headers):
+            kind = read.get(name)
+            if kind is None:
+                continue
+            if seen & kind:
+                return None
+            seen |= kind
+            if kind == _REACTIVATE_AT:
+                due = _time(raw)
+                if due is None:
+                    return None
+            elif kind == _AWAKE_AT:
+                if _time(raw) is None:
+                    return None
+                awake_index = index
+            elif kind == _HOPS:
+                hops = _count(raw)
+                if hops is None:
+                    return None
+                hops_index = index
+            elif kind == _RETRIED:
+                retried = _count(raw)
+                if retried is None:
+                    return None
+            elif kind == _PRIORITY:
+                if raw == b"high":
+                    priority = True
+                elif raw != b"normal":
+                    return None
+            elif kind == _RECORD_ID:
+                record_id = _checked(h.decode_record_id, name, raw)
+                if record_id is None:
+                    return None
+            elif kind == _TARGET:
+                target = raw
+            elif kind == _DELAY_MS:
+                return None  # a producer's relative delay: only the router turns it into a due time
+            else:
+                value = _time(raw)
+                if value is None:
+                    return None
+                if kind == _VALID_AT:
+                    valid = value
+                elif kind == _EXPIRE_AT:
+                    expire = value
+                elif kind == _THROTTLED:
+                    throttled = value
+                elif kind == _DELAYED_AT:
+                    delayed = value
+        if due is None or awake_index < 0 or hops_index < 0 or record_id is None:
+            return None  # not a record the router admitted: the full path looks at it
+        assert hops is not None  # read with hops_index
+        if retried is not None and retried > self.max_retries:
+            return None
+        if applies_to(self.cancellations(record_id), delayed):
+            return None
+        if valid is not None and valid > due:
+            due = valid
+        if throttled is not None and throttled > due:
+            due = throttled
+        if expire is not None and (now >= expire or due >= expire):
+            return None
+        remaining = due - now
+        if remaining > self.max_delay_ms:
+            return None
+        if 0 < remaining < self.hold_below_ms:
+            return Wait(due)  # a hop this short would arrive after its due time: held here
+        step = self.next_hop_ms(remaining)
+        if step is None:
+            return self._deliver(
+                headers, now, due, record_id, target, retried, hops, priority, throttled, delayed, source
+            )
+        denomination, duration = step
+        lane = priority and self.priority_lane
+        topic = self._topics.get((denomination, lane))
+        if topic is None:
+            topic = self._topics[(denomination, lane)] = self._topic_of(denomination, lane)
+        headers[awake_index] = (h.AWAKE_AT, str(now + duration).encode())
+        headers[hops_index] = (h.DELAY_HOPS, str(hops + 1).encode())
+        return LeanHop(topic, headers)
+
+    def _deliver(
+        self,
+        headers: LeanHeaders,
+        now: int,
+        due: int,
+        record_id: str,
+        raw_target: bytes | None,
+        retried: int | None,
+        hops: int,
+        priority: bool,
+        throttled: int | None,
+        delayed: int | None,
+        source: Callable[[], str],
+    ) -> LeanDelivery | None:
+        """The delivery of a due record, or None when the full path must decide it."""
+        if not self.deliveries:
+            return None
+        target = _checked(h.decode_topic, h.REACTIVATE_TO_TOPIC, raw_target)
+        if target is None or self.policy.check_target(target, self.known_topics()) is not None:
+            return None
+        retries = retried or 0
+        event = AuditEvent(
+            record_id,
+            RecordStatus.DELIVERED,
+            now,
+            audit_seq(retries, hops, RecordStatus.DELIVERED),
+            retries,
+            hops,
+            target,
+            reactivate_at=due,
+            lateness_ms=now - due,
+            source=source(),
+            priority=priority,
+            throttled_until=throttled,
+            delayed_at=delayed,
+        )
+        removed = _REMOVED
+        return LeanDelivery(target, [(name, raw) for name, raw in headers if name not in removed], event)
