@@ -204,7 +204,7 @@ async def topics(self: Any, action: str) -> None:
 async def status(self: Any, record_id: str, url: str | None) -> None:
     """Print a record's state (waiting, delivered, dead_lettered, cancelled) from a worker (faust --json: as JSON)."""
     with _exit_codes():
-        state = await fetch_status(url or default_status_url(settings), record_id)
+        state = await fetch_status(url or default_status_url(settings), record_id, token=settings.read_credential())
     self.say(orjson.dumps(state).decode() if self.json else "\n".join(render.status_lines(state, now_ms())))
 
 
