@@ -20,6 +20,7 @@ import faust
 
 from delayapp.compat.loops import compat_loops
 from delayapp.engine.bootstrap import bootstrap_topics
+from delayapp.engine.connect import check_broker_access
 from delayapp.engine.record_states import RecordStatesView
 from delayapp.engine.service import DelayEngine
 from delayapp.faustapp import driver as faust_driver
@@ -59,6 +60,9 @@ class DelayApp(faust.App):
 
     async def on_first_start(self) -> None:
         settings.require_allowed_targets()  # refuse before touching Kafka
+        # A wrong password or an untrusted certificate: say so and stop, before the clients
+        # start and retry it as if it were a network fault.
+        await check_broker_access(settings)
         await super().on_first_start()
         created = await bootstrap_topics(settings, layout)
         if created:
