@@ -191,7 +191,7 @@ class Settings(BaseSettings):
     web_bind: str = Field(
         "127.0.0.1",
         description="address the web server listens on: 127.0.0.1 is this host only; "
-        "0.0.0.0 (every interface) or one interface's address exposes it (see Exposing the web server)",
+        "0.0.0.0 (every interface) or one interface's address exposes it (docs/production.md)",
     )
     web_host: str = Field(
         "127.0.0.1",
@@ -227,8 +227,9 @@ class Settings(BaseSettings):
     )
     read_token: SecretStr | None = Field(
         None,
-        description="bearer token every web view but /health then requires (console, stats, records, policies, "
-        "metrics, Faust's /router and /table; the API token is accepted too); unset = reads are open",
+        description="when set, every web view but /health requires it as a bearer token or through the console's "
+        "login form (console, stats, records, policies, metrics, Faust's /router and /table; "
+        "the API token reads too); unset = reads are open",
     )
     stats_window: int = Field(
         60_000, description="window of the throughput and lateness figures in /delay/stats (duration)"
