@@ -102,11 +102,11 @@ class ReadGuard:
         form = await request.post()
         token, wanted = str(form.get("token") or ""), safe_next(str(form.get("next") or ""))
         if not self.enabled:
-            return _see_other(wanted)
+            return see_other(wanted)
         if not self.token_accepted(token):
             return login_page(next_path=wanted, status=401, message="wrong token")
         assert self.read_token is not None
-        response = _see_other(wanted)
+        response = see_other(wanted)
         response.set_cookie(
             COOKIE,
             session_value(self.read_token),
@@ -121,12 +121,13 @@ class ReadGuard:
     @staticmethod
     def logout(request: web.Request) -> web.Response:
         """``/logout``: forget the session cookie, back to the login form."""
-        response = _see_other(LOGIN_PATH)
+        response = see_other(LOGIN_PATH)
         response.del_cookie(COOKIE, path="/")
         return response
 
 
-def _see_other(path: str) -> web.Response:
+def see_other(path: str) -> web.Response:
+    """A 303 to ``path`` on this server (never cached)."""
     return web.Response(status=303, headers={"Location": path, "Cache-Control": "no-store"})
 
 

@@ -23,7 +23,7 @@ from delayapp.core.durations import parse_duration
 from delayapp.core.replay import ReplayFilter
 from delayapp.errors import ConfigError
 from delayapp.faustapp import http_bodies as api
-from delayapp.faustapp.access import LOGIN_PATH, LOGOUT_PATH, login_page
+from delayapp.faustapp.access import LOGIN_PATH, LOGOUT_PATH, login_page, safe_next, see_other
 from delayapp.faustapp.app import app, layout, read_guard, settings
 from delayapp.faustapp.console_feed import ConsoleFeed
 from delayapp.ops.dead_letters import replay_dead_letters
@@ -268,7 +268,10 @@ class Login(View):
     """The console's login form (``GET``) and its submission (``POST``: sets the session cookie)."""
 
     async def get(self, request: Request) -> Response:
-        return login_page(next_path=request.query.get("next") or "/console")  # type: ignore[return-value]
+        wanted = request.query.get("next") or "/console"
+        if not read_guard.enabled:  # nothing to log in to: reads are open
+            return see_other(safe_next(wanted))  # type: ignore[return-value]
+        return login_page(next_path=wanted)  # type: ignore[return-value]
 
     async def post(self, request: Request) -> Response:
         return await read_guard.login(request)  # type: ignore[arg-type,return-value]

@@ -83,8 +83,11 @@ async def test_web_bind_moves_the_listening_address(bootstrap: str) -> None:
     w = Worker(bootstrap, unique("bind"), DELAYAPP_WEB_BIND="127.0.0.2", DELAYAPP_WEB_HOST="127.0.0.2").start()
     try:
         assert await wait_listening(w) == {"127.0.0.2"}
-        async with aiohttp.ClientSession() as http, http.get(base(w, "127.0.0.2") + "/delay/policies") as response:
-            assert response.status == 200  # no read token: reads are open
+        async with aiohttp.ClientSession() as http:
+            async with http.get(base(w, "127.0.0.2") + "/delay/policies") as response:
+                assert response.status == 200  # no read token: reads are open
+            async with http.get(base(w, "127.0.0.2") + "/login", allow_redirects=False) as login:
+                assert login.status == 303 and login.headers["Location"] == "/console"  # nothing to log in to
     finally:
         w.stop()
 
@@ -119,6 +122,8 @@ async def test_login_sets_an_httponly_session_cookie_that_reads(worker: Worker) 
     url = base(worker)
     # a cookie jar that keeps cookies of an IP-address host, as a browser does
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        async with http.get(url + "/login?next=/delay/stats") as form:
+            assert form.status == 200 and 'value="/delay/stats"' in await form.text()
         async with http.post(url + "/login", data={"token": "wrong"}, allow_redirects=False) as refused:
             assert refused.status == 401 and COOKIE not in refused.cookies
         async with http.post(
