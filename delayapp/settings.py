@@ -7,12 +7,13 @@ Environment variables are ``DELAYAPP_<NAME>`` (``KAFKA_BROKER`` also sets the br
 from __future__ import annotations
 
 import enum
+import ipaddress
 import socket
 import ssl
 from functools import cached_property
 from typing import Any
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from delayapp.core.durations import format_duration, parse_duration
@@ -187,7 +188,16 @@ class Settings(BaseSettings):
         "memory://",
         description="store of the Faust tables your own agents add (memory:// or rocksdb://); delayapp keeps none",
     )
-    web_host: str = Field("127.0.0.1", description="host of the Faust web server")
+    web_bind: str = Field(
+        "127.0.0.1",
+        description="address the web server listens on: 127.0.0.1 is this host only; "
+        "0.0.0.0 (every interface) or one interface's address exposes it (docs/production.md)",
+    )
+    web_host: str = Field(
+        "127.0.0.1",
+        description="host name this worker's web server is reached at (its canonical URL, the CLI's default); "
+        "where it listens is DELAYAPP_WEB_BIND",
+    )
     web_port: int = Field(6066, description="port of the Faust web server")
     web_canonical_url: str | None = Field(
         None,
@@ -215,6 +225,12 @@ class Settings(BaseSettings):
         None,
         description="bearer token for POST /delay/schedule and /delay/records/{id}/cancel; unset = those views are off",
     )
+    read_token: SecretStr | None = Field(
+        None,
+        description="when set, every web view but /health requires it as a bearer token or through the console's "
+        "login form (console, stats, records, policies, metrics, Faust's /router and /table; "
+        "the API token reads too); unset = reads are open",
+    )
     stats_window: int = Field(
         60_000, description="window of the throughput and lateness figures in /delay/stats (duration)"
     )
@@ -229,7 +245,7 @@ class Settings(BaseSettings):
     def _durations(cls, value: Any) -> int:
         return _ms(value)
 
-    @field_validator("cesium_source", "cesium_destination", mode="before")
+    @field_validator("cesium_source", "cesium_destination", "read_token", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
@@ -247,6 +263,22 @@ class Settings(BaseSettings):
                 f"the cesium relay cannot read and write the same topic {source!r} (it would relay for ever)"
             )
         return self
+
+    @field_validator("web_bind", "web_host")
+    @classmethod
+    def _web_address(cls, value: str, info: ValidationInfo) -> str:
+        # A URL or host:port here would reach aiohttp as a host name and fail only at bind time.
+        address = value.strip()
+        problem = f"DELAYAPP_{str(info.field_name).upper()}: {value!r} is not a host name or IP address"
+        if ":" in address:  # only an IPv6 address may hold colons
+            try:
+                ipaddress.IPv6Address(address.strip("[]"))
+            except ValueError:
+                raise ValueError(f"{problem} (no scheme, no port)") from None
+            return address.strip("[]")
+        if not address or any(c.isspace() or c == "/" for c in address):
+            raise ValueError(f"{problem} (no scheme, no port)")
+        return address
 
     @field_validator("broker", mode="before")
     @classmethod
@@ -287,6 +319,18 @@ class Settings(BaseSettings):
                 "(e.g. DELAYAPP_ALLOWED_TARGETS='orders,payments.*'; '*' allows any topic)"
             )
         return patterns
+
+    @property
+    def web_url(self) -> str:
+        """``http://<web_host>:<web_port>``, an IPv6 address in brackets: where this worker is reached."""
+        host = f"[{self.web_host}]" if ":" in self.web_host else self.web_host
+        return f"http://{host}:{self.web_port}"
+
+    def read_credential(self) -> str | None:
+        """The bearer token a client of the web views sends: the read token, else the API
+        token (a worker accepts both for reads), else None (reads open)."""
+        token = self.read_token or self.api_token
+        return token.get_secret_value() if token else None
 
     @property
     def worker_instance_id(self) -> str:

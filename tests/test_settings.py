@@ -6,6 +6,9 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
+from delayapp.errors import ConfigError
 from delayapp.settings import load_settings, markdown_table
 
 SETTINGS_PAGE = pathlib.Path(__file__).parents[1] / "docs" / "settings.md"
@@ -27,12 +30,10 @@ def test_sasl_and_tls_settings_reach_client_kwargs(tmp_path) -> None:
 
 def test_every_kafka_client_in_the_app_gets_the_security_settings() -> None:
     """Each AIOKafkaConsumer/Producer/AdminClient call in delayapp/ passes the shared kwargs
-    (the chaos harness, a test tool that owns its loopback broker, is not the app)."""
+    (the chaos harness's too: its runs go through a SASL/TLS listener as well)."""
     root = pathlib.Path(__file__).resolve().parents[1] / "delayapp"
     calls = []
     for path in root.rglob("*.py"):
-        if "chaos" in path.parts:
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", "") in {
                 "AIOKafkaConsumer",
@@ -43,6 +44,23 @@ def test_every_kafka_client_in_the_app_gets_the_security_settings() -> None:
                 calls.append((path.name, node.lineno, spread))
     assert len(calls) >= 5
     for name, line, spread in calls:
-        assert any("kafka_client_kwargs" in s or "_admin_kwargs" in s or s in ("common", "kafka") for s in spread), (
+        assert any("client_kwargs" in s or "_admin_kwargs" in s or s in ("common", "kafka") for s in spread), (
             f"{name}:{line} misses the security settings"
         )
+
+
+def test_web_addresses_are_checked_and_loopback_by_default() -> None:
+    s = load_settings()
+    assert (s.web_bind, s.web_host, s.web_url) == ("127.0.0.1", "127.0.0.1", "http://127.0.0.1:6066")
+    assert load_settings(web_host="::1", web_port=7000).web_url == "http://[::1]:7000"
+    assert load_settings(web_bind="[::]").web_bind == "::"
+    for bad in ("http://0.0.0.0", "0.0.0.0:6066", "", "two words"):
+        with pytest.raises(ConfigError, match="DELAYAPP_WEB_BIND"):
+            load_settings(web_bind=bad)
+
+
+def test_read_credential_is_the_read_token_else_the_api_token() -> None:
+    assert load_settings().read_credential() is None
+    assert load_settings(read_token="  ").read_token is None  # an empty variable leaves reads open
+    assert load_settings(api_token="w").read_credential() == "w"
+    assert load_settings(api_token="w", read_token="r").read_credential() == "r"

@@ -48,10 +48,12 @@ async def ensure_target(kafka: dict) -> None:
         await admin.close()
 
 
-async def show_worker_view(web: str, record_id: str) -> None:
-    """Print what the worker's HTTP views say about one record and about its loops."""
+async def show_worker_view(web: str, record_id: str, token: str | None = None) -> None:
+    """Print what the worker's HTTP views say about one record and about its loops (``token``:
+    the bearer token a worker with DELAYAPP_READ_TOKEN wants)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5), headers=headers) as session:
             async with session.get(f"{web}/delay/records/{record_id}") as response:
                 state = await response.json()
             async with session.get(f"{web}/delay/stats") as response:
@@ -77,7 +79,9 @@ async def show_worker_view(web: str, record_id: str) -> None:
         )
 
 
-async def produce_waves(kafka: dict, ingress: str, engine_ready: asyncio.Event, web: str) -> None:
+async def produce_waves(
+    kafka: dict, ingress: str, engine_ready: asyncio.Event, web: str, token: str | None = None
+) -> None:
     producer = AIOKafkaProducer(**kafka, acks="all")
     await producer.start()
     wave = 0
@@ -100,7 +104,7 @@ async def produce_waves(kafka: dict, ingress: str, engine_ready: asyncio.Event, 
                 )
                 print(f"[demo] scheduled {name:12} delay {delay:>6}  due {clock(due)}", flush=True)
             await asyncio.sleep(WAVE_EVERY_S / 2)
-            await show_worker_view(web, f"order-{wave}-{len(WAVE) - 1}")
+            await show_worker_view(web, f"order-{wave}-{len(WAVE) - 1}", token)
             await asyncio.sleep(WAVE_EVERY_S / 2)
     finally:
         await producer.stop()
@@ -146,14 +150,14 @@ async def main() -> None:
         flush=True,
     )
     ready = asyncio.Event()
-    web = f"http://{settings.web_host}:{settings.web_port}"
+    web = settings.web_url
     print(
         f"[demo] console: open {web}/console in a browser (what waits, lateness, dead letters; refreshes every 2 s)",
         flush=True,
     )
     tasks = [
         asyncio.create_task(show_deliveries(kafka, ready)),
-        asyncio.create_task(produce_waves(kafka, ingress, ready, web)),
+        asyncio.create_task(produce_waves(kafka, ingress, ready, web, settings.read_credential())),
     ]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

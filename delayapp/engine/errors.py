@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from delayapp.errors import DelayAppError
+from delayapp.errors import ConfigError, DelayAppError
 
 
 class BrokerError(DelayAppError):
@@ -13,5 +13,12 @@ class BrokerError(DelayAppError):
 
 class BrokerFeatureMissing(BrokerError):
     """The connected broker lacks a feature (e.g. transactions); never retriable."""
+
+    retriable = False
+
+
+class BrokerAccessRefused(ConfigError):
+    """The broker refused these settings' credentials, or its certificate is not trusted by them:
+    a configuration to fix (the message names the setting), never retriable."""
 
     retriable = False

@@ -20,9 +20,11 @@ import faust
 
 from delayapp.compat.loops import compat_loops
 from delayapp.engine.bootstrap import bootstrap_topics
+from delayapp.engine.connect import check_broker_access
 from delayapp.engine.record_states import RecordStatesView
 from delayapp.engine.service import DelayEngine
 from delayapp.faustapp import driver as faust_driver
+from delayapp.faustapp.access import ReadGuard
 from delayapp.faustapp.console_feed import DeadLetterTail
 from delayapp.settings import Settings, load_settings
 
@@ -30,6 +32,11 @@ log = logging.getLogger(__name__)
 
 settings: Settings = load_settings()
 layout = settings.topic_layout()
+#: Who may read the web server (every view but /health needs DELAYAPP_READ_TOKEN, when set).
+read_guard = ReadGuard(
+    settings.read_token.get_secret_value() if settings.read_token else None,
+    also_accepted=[settings.api_token.get_secret_value() if settings.api_token else None],
+)
 
 
 class DelayApp(faust.App):
@@ -53,6 +60,9 @@ class DelayApp(faust.App):
 
     async def on_first_start(self) -> None:
         settings.require_allowed_targets()  # refuse before touching Kafka
+        # A wrong password or an untrusted certificate: say so and stop, before the clients
+        # start and retry it as if it were a network fault.
+        await check_broker_access(settings)
         await super().on_first_start()
         created = await bootstrap_topics(settings, layout)
         if created:
@@ -82,9 +92,13 @@ app = DelayApp(
     broker_session_timeout=settings.session_timeout_ms / 1000,
     broker_heartbeat_interval=settings.heartbeat_interval_ms / 1000,
     processing_guarantee="at_least_once",  # delayapp runs no Faust agent of its own: users' agents
+    # Faust binds every interface unless told (its web_bind default is 0.0.0.0): say where.
+    web_bind=settings.web_bind,
     web_host=settings.web_host,
     web_port=settings.web_port,
-    canonical_url=settings.web_canonical_url or f"http://{settings.web_host}:{settings.web_port}",
+    # The guard runs before every view, Faust's own /router and /table included.
+    web_application_options={"middlewares": [read_guard.middleware()]},
+    canonical_url=settings.web_canonical_url or settings.web_url,
     autodiscover=False,
     table_cleanup_interval=60.0,
     recovery_consistency_check=settings.recovery_consistency_check,

@@ -8,8 +8,8 @@ an unknown record, a broker error), 2 bad input.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import IO, Any, NoReturn
 
 import click
@@ -24,7 +24,8 @@ from delayapp.core.instants import AGO, FROM_NOW, format_instant, parse_instant
 from delayapp.core.planner import Planner
 from delayapp.core.policies import Reason
 from delayapp.core.replay import ReplayFilter
-from delayapp.engine.errors import BrokerError
+from delayapp.engine.connect import check_broker_access
+from delayapp.engine.errors import BrokerAccessRefused, BrokerError
 from delayapp.errors import ConfigError
 from delayapp.faustapp import render
 from delayapp.faustapp.app import app, layout, settings
@@ -46,8 +47,8 @@ def _fail(message: str, code: int) -> NoReturn:
     raise SystemExit(code)
 
 
-@contextmanager
-def _exit_codes() -> Iterator[None]:
+@asynccontextmanager
+async def _exit_codes() -> AsyncIterator[None]:
     """Turn delayapp's and Kafka's errors into a one-line message and an exit code."""
     try:
         yield
@@ -56,6 +57,12 @@ def _exit_codes() -> Iterator[None]:
     except (CommandError, ConfigError) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     except (KafkaError, BrokerError, OSError) as exc:
+        # aiokafka says only "Unable to bootstrap": ask the broker why, once, to name the
+        # setting when it refused the login or its certificate is not trusted
+        try:
+            await check_broker_access(settings)
+        except BrokerAccessRefused as refused:
+            _fail(str(refused), EXIT_BAD_INPUT)
         _fail(f"broker {settings.broker}: {type(exc).__name__}: {exc}", EXIT_FAILED)
 
 
@@ -106,7 +113,7 @@ async def schedule(
     priority: bool,
 ) -> None:
     """Hand one record to delayapp: it is delivered to --target after --delay or at --at."""
-    with _exit_codes():
+    async with _exit_codes():
         now = now_ms()
         done = await schedule_record(
             settings,
@@ -134,7 +141,7 @@ async def schedule(
 @app.command(argument("delay"))
 async def plan(self: Any, delay: str) -> None:
     """Print the hops a delay (1h19m, 90s, or ms) takes on the configured ladder."""
-    with _exit_codes():
+    async with _exit_codes():
         delay_ms = parse_duration(delay)
     planner = Planner(settings.ladder)
     self.say(f"ladder {settings.ladder} (DELAYAPP_DENOMINATIONS), max delay {format_duration(settings.max_delay)}")
@@ -166,7 +173,7 @@ def _retention_cell(check: TopicCheck, reported: bool) -> str:
 @app.command(argument("action", type=click.Choice(["create", "check"])))
 async def topics(self: Any, action: str) -> None:
     """create: create the missing delayapp topics; check: list them against what they need."""
-    with _exit_codes():
+    async with _exit_codes():
         if action == "create":
             created = await create_missing_topics(settings, layout)
             self.say(f"created {len(created)} topics" + (":\n  " + "\n  ".join(created) if created else " (all exist)"))
@@ -203,8 +210,8 @@ async def topics(self: Any, action: str) -> None:
 )
 async def status(self: Any, record_id: str, url: str | None) -> None:
     """Print a record's state (waiting, delivered, dead_lettered, cancelled) from a worker (faust --json: as JSON)."""
-    with _exit_codes():
-        state = await fetch_status(url or default_status_url(settings), record_id)
+    async with _exit_codes():
+        state = await fetch_status(url or default_status_url(settings), record_id, token=settings.read_credential())
     self.say(orjson.dumps(state).decode() if self.json else "\n".join(render.status_lines(state, now_ms())))
 
 
@@ -278,7 +285,7 @@ async def dlq(
 ) -> None:
     """list: show dead letters (faust --json: as JSON); replay: send them back to the ingress topic,
     each at most once."""
-    with _exit_codes():
+    async with _exit_codes():
         selection = _selection(reasons, target, since, until)
         if action == "list":
             if delay is not None or dry_run:

@@ -1,7 +1,8 @@
 """delayapp's HTTP API: Faust web views on every worker (``DELAYAPP_WEB_PORT``).
 
-Read views are open; the two write views need ``Authorization: Bearer <DELAYAPP_API_TOKEN>``
-and answer 403 while no token is configured. Every worker answers ``/delay/records/{id}``
+Read views are open unless ``DELAYAPP_READ_TOKEN`` is set (then every view but ``/health``
+needs it: :mod:`delayapp.faustapp.access`); the write views need ``Authorization: Bearer
+<DELAYAPP_API_TOKEN>`` and answer 403 while no token is configured. Every worker answers ``/delay/records/{id}``
 from its own view of the whole ``record-states`` topic (:mod:`delayapp.engine.record_states`).
 """
 
@@ -22,7 +23,8 @@ from delayapp.core.durations import parse_duration
 from delayapp.core.replay import ReplayFilter
 from delayapp.errors import ConfigError
 from delayapp.faustapp import http_bodies as api
-from delayapp.faustapp.app import app, layout, settings
+from delayapp.faustapp.access import LOGIN_PATH, LOGOUT_PATH, login_page, safe_next, see_other
+from delayapp.faustapp.app import app, layout, read_guard, settings
 from delayapp.faustapp.console_feed import ConsoleFeed
 from delayapp.ops.dead_letters import replay_dead_letters
 
@@ -261,6 +263,28 @@ class ReplayDeadLetters(View):
         )
 
 
+@app.page(LOGIN_PATH)
+class Login(View):
+    """The console's login form (``GET``) and its submission (``POST``: sets the session cookie)."""
+
+    async def get(self, request: Request) -> Response:
+        wanted = request.query.get("next") or "/console"
+        if not read_guard.enabled:  # nothing to log in to: reads are open
+            return see_other(safe_next(wanted))  # type: ignore[return-value]
+        return login_page(next_path=wanted)  # type: ignore[return-value]
+
+    async def post(self, request: Request) -> Response:
+        return await read_guard.login(request)  # type: ignore[arg-type,return-value]
+
+
+@app.page(LOGOUT_PATH)
+class Logout(View):
+    """Forget the browser's session cookie."""
+
+    async def get(self, request: Request) -> Response:
+        return read_guard.logout(request)  # type: ignore[arg-type,return-value]
+
+
 @app.page("/console")
 class Console(View):
     """The operator console: one page that refreshes itself from ``/console/data`` (no internet needed)."""
@@ -276,7 +300,8 @@ class ConsoleData(View):
 
     async def get(self, request: Request) -> Response:
         try:
-            return self.json(_console.body(_engine(), app.record_states, app.dead_letters))
+            body = _console.body(_engine(), app.record_states, app.dead_letters)
+            return self.json({**body, "read_protected": read_guard.enabled})
         except _Problem as problem:
             return _refuse(self, problem)
 

@@ -21,3 +21,7 @@ class WorkerUnavailable(LookupFailed):
     """No delayapp worker answers at the address a command was given."""
 
     retriable = True
+
+
+class ReadRefused(LookupFailed):
+    """The worker requires a read token this command did not have, or had wrong."""

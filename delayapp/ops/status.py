@@ -9,26 +9,31 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from delayapp.ops.errors import RecordNotFound, WorkerUnavailable
+from delayapp.ops.errors import ReadRefused, RecordNotFound, WorkerUnavailable
 from delayapp.settings import Settings
 
 
 def default_status_url(settings: Settings) -> str:
     """The worker's web server from the settings (``DELAYAPP_WEB_HOST``/``_PORT``)."""
-    return f"http://{settings.web_host}:{settings.web_port}"
+    return settings.web_url
 
 
-async def fetch_status(url: str, record_id: str, *, timeout_s: float = 10.0) -> dict[str, Any]:
-    """A record's state from a worker's ``GET /delay/records/{id}`` view.
+async def fetch_status(
+    url: str, record_id: str, *, token: str | None = None, timeout_s: float = 10.0
+) -> dict[str, Any]:
+    """A record's state from a worker's ``GET /delay/records/{id}`` view, sent with ``token``
+    as its bearer token when given (a worker with ``DELAYAPP_READ_TOKEN`` requires one).
 
-    Raises :class:`RecordNotFound` for an id the read model does not know, and
-    :class:`WorkerUnavailable` when no worker answers there or the answer is not the view's.
+    Raises :class:`RecordNotFound` for an id the read model does not know, :class:`ReadRefused`
+    when the worker wants a read token this request lacked, and :class:`WorkerUnavailable` when
+    no worker answers there or the answer is not the view's.
     """
     address = f"{url.rstrip('/')}/delay/records/{quote(record_id, safe='')}"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
-            session.get(address) as response,
+            session.get(address, headers=headers) as response,
         ):
             body = await response.read()
             status = response.status
@@ -40,6 +45,15 @@ async def fetch_status(url: str, record_id: str, *, timeout_s: float = 10.0) -> 
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         data = None
+    if status == 401:
+        raise ReadRefused(
+            f"the worker at {url} requires a read token and refused "
+            + (
+                "this one: is DELAYAPP_READ_TOKEN the worker's?"
+                if token
+                else "a request without: set DELAYAPP_READ_TOKEN"
+            )
+        )
     if status == 404 and isinstance(data, dict) and "error" in data:
         raise RecordNotFound(f"record {record_id}: {data['error']}")
     if status != 200 or not isinstance(data, dict):

@@ -165,6 +165,63 @@ class OffsetRange(InputPartition):
     end: int
 
 
+# librdkafka's error codes for a refused SASL login and a failed TLS handshake (rd_kafka_resp_err_t):
+# it retries both for ever, as if the network had failed; no retry fixes either.
+RD_AUTHENTICATION = -169
+RD_SSL = -181
+# How long one metadata request of the access check waits before the errors are looked at.
+ACCESS_SLICE_S = 0.5
+
+
+def refusal_message(code: int, detail: str) -> str | None:
+    """The error for a librdkafka error that no retry fixes (a refused login, a failed TLS
+    handshake), naming the options and the delayapp settings they come from; None for any other."""
+    if code == RD_AUTHENTICATION:
+        return (
+            f"the broker refused the SASL login ({detail}): check kafka.sasl.username / kafka.sasl.password "
+            "(DELAYAPP_SASL_USERNAME / DELAYAPP_SASL_PASSWORD)"
+        )
+    if code == RD_SSL:
+        return (
+            f"TLS with the broker failed ({detail}): kafka.ssl.ca.location (DELAYAPP_SSL_CAFILE) must hold the CA "
+            "that signed the brokers' certificates, and kafka.security.protocol (DELAYAPP_SECURITY_PROTOCOL) "
+            "must be the listener's"
+        )
+    return None
+
+
+def check_access(consumer: Consumer, errors: list[tuple[int, str]], timeout_s: float) -> None:
+    """Wait until ``consumer`` reads the cluster's metadata; PipelineError naming the option as
+    soon as librdkafka reports (into ``errors``, by the consumer's ``error_cb``) a refused login
+    or an untrusted certificate. After ``timeout_s`` without either, the caller's own request
+    reports what it meets."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            consumer.list_topics(timeout=ACCESS_SLICE_S)
+            return
+        except KafkaException:
+            consumer.poll(0)  # serves error_cb: librdkafka says why only there
+        for code, detail in errors:
+            message = refusal_message(code, detail)
+            if message is not None:
+                raise PipelineError(message)
+
+
+def _planning_consumer(options: Mapping[str, str]) -> Consumer:
+    """A consumer for the driver's planning calls, its access checked first (see :func:`check_access`)."""
+    errors: list[tuple[int, str]] = []
+    consumer = _consumer(options, error_cb=lambda error: errors.append((error.code(), error.str())))
+    try:
+        check_access(consumer, errors, _timeout_s(options))
+    except PipelineError:
+        consumer.close()
+        raise
+    return consumer
+
+
 def _consumer(options: Mapping[str, str], **extra: Any) -> Consumer:
     from confluent_kafka import Consumer
 
@@ -367,7 +424,7 @@ class KafkaBatchReader(DataSourceReader):
         """Resolve the offset ranges on the driver (end offsets probed, see the module doc)."""
         topics = topics_option(self.options)
         timeout_s = _timeout_s(self.options)
-        consumer = _consumer(self.options)
+        consumer = _planning_consumer(self.options)
         try:
             parts = list_partitions(consumer, topics, timeout_s)
             low = start_offsets(consumer, parts, timeout_s)
@@ -406,7 +463,7 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def _probe(self) -> tuple[list[tuple[str, int]], dict, dict]:
         timeout_s = _timeout_s(self.options)
-        consumer = _consumer(self.options)
+        consumer = _planning_consumer(self.options)
         try:
             parts = list_partitions(consumer, topics_option(self.options), timeout_s)
             return parts, start_offsets(consumer, parts, timeout_s), end_offsets(consumer, parts, timeout_s)
@@ -492,7 +549,22 @@ def produce_rows(options: Mapping[str, str], rows: Iterator[Any]) -> int:
 
     # murmur2_random: keys land in the partitions Java, aiokafka and the engine pick (librdkafka's
     # default, consistent_random, hashes differently), so a key's markers share one partition.
-    producer = Producer({"acks": "all", "linger.ms": 5, "partitioner": "murmur2_random", **client_config(options)})
+    refused: list[str] = []
+
+    def on_error(error: Any) -> None:
+        message = refusal_message(error.code(), error.str())
+        if message is not None:
+            refused.append(message)
+
+    producer = Producer(
+        {
+            "acks": "all",
+            "linger.ms": 5,
+            "partitioner": "murmur2_random",
+            "error_cb": on_error,
+            **client_config(options),
+        }
+    )
     default_topic = options.get("topic")
     count = 0
     for row in rows:
@@ -515,11 +587,18 @@ def produce_rows(options: Mapping[str, str], rows: Iterator[Any]) -> int:
                 break
             except BufferError:  # the local queue is full: let deliveries drain it
                 producer.poll(0.5)
+                if refused:  # they never will
+                    raise PipelineError(refused[0]) from None
             except KafkaException as exc:
                 raise PipelineError(f"cannot produce to {topic}: {exc}") from None
         producer.poll(0)
         count += 1
-    left = producer.flush(_timeout_s(options))
+    deadline = time.monotonic() + _timeout_s(options)
+    left = producer.flush(ACCESS_SLICE_S)
+    while left and not refused and time.monotonic() < deadline:
+        left = producer.flush(ACCESS_SLICE_S)  # in slices: a refused login ends the wait at once
+    if refused:
+        raise PipelineError(refused[0])
     if left:
         raise PipelineError(f"{left} records not acknowledged within {_timeout_s(options):.0f} s")
     if failures:

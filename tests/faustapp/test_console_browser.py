@@ -1,5 +1,6 @@
-"""The console page in a real browser (headless Chromium) against a real worker: its figures
-match ``/delay/stats``, and a cancel and a dead-letter replay done through the page take effect.
+"""The console page in a real browser (headless Chromium) against a real worker with a read
+token: the browser gets in through the login form, the page's figures match ``/delay/stats``,
+and a cancel and a dead-letter replay done through the page take effect.
 
 Screenshots go to the test's tmp dir; ``DELAYAPP_CONSOLE_SHOTS=docs`` writes them there too.
 Without Chromium the test FAILS (bin/setup installs it): a console nobody looked at is not tested.
@@ -22,6 +23,7 @@ from tests.support.kafka import Worker, create_topics, producer, unique, wait_fo
 pytestmark = pytest.mark.integration
 
 TOKEN = "console-test-token"
+READ_TOKEN = "console-read-token"
 LADDER = "1s,1m,1h"  # records due in 90 minutes sit still in the 1h topic: stable pending figures
 LATER_MS = 90 * 60_000
 
@@ -33,6 +35,7 @@ async def worker(bootstrap: str):
         unique("con"),
         DELAYAPP_PARTITIONS="2",
         DELAYAPP_API_TOKEN=TOKEN,
+        DELAYAPP_READ_TOKEN=READ_TOKEN,
         DELAYAPP_DENOMINATIONS=LADDER,
         DELAYAPP_MAX_DELAY="3h",
         DELAYAPP_STATS_WINDOW="10m",
@@ -132,7 +135,7 @@ async def test_console_in_a_browser_matches_the_stats_and_acts(bootstrap: str, w
     finally:
         await p.stop()
 
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {READ_TOKEN}"}) as http:
 
         async def get(path: str):
             async with http.get(base + path) as response:
@@ -151,12 +154,23 @@ async def test_console_in_a_browser_matches_the_stats_and_acts(bootstrap: str, w
 
         await wait_for(settled, 60, "six records delivered, one dead-lettered, the later ones counted as pending")
 
+        # 0. the console is closed to a browser without the read token: the login form lets it in
         page.get(base + "/console")
+        await wait_for(lambda: page.find_elements("id", "login-token"), 20, "the login form")
+        assert not page.find_elements("id", "pending-table")
+        page.find_element("id", "login-token").send_keys("not the token")
+        page.find_element("id", "login-go").click()
+        await wait_for(lambda: page.find_elements("id", "login-error"), 20, "the wrong token refused")
+        page.find_element("id", "login-token").send_keys(READ_TOKEN)
+        page.find_element("id", "login-go").click()
+        await wait_for(lambda: page.find_elements("id", "pending-table"), 20, "the console after logging in")
+        assert _js(page, "return document.cookie") == ""  # the session cookie is HttpOnly: no script reads it
         await wait_for(
             lambda: _js(page, "return document.getElementById('status').dataset.refreshed"),
             30,
             "the page to load its figures",
         )
+        assert not _js(page, "return document.getElementById('logout').hidden")
 
         # 1. every figure the page shows is the one /delay/stats gives (pending is sampled every
         #    5 s: wait for both to agree)

@@ -22,7 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--guarantee", default=defaults.guarantee, choices=["at_least_once", "exactly_once"])
     parser.add_argument(
-        "--broker", default=os.environ.get("DELAYAPP_TEST_BROKER"), help="an existing broker (no network cuts then)"
+        "--broker",
+        default=os.environ.get("DELAYAPP_TEST_BROKER"),
+        help="an existing broker (no network cuts then); its SASL/TLS settings come from the DELAYAPP_* "
+        "environment, as a worker's do",
     )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--json", default="chaos-result.json", help="where to write the result")

@@ -29,7 +29,16 @@ from delayapp.core import headers as h
 from delayapp.core.audit import RecordStatus
 from delayapp.core.clock import now_ms
 from delayapp.core.readmodel import RecordStateStore
-from delayapp.dev.chaos.procs import TopicCollector, WorkerProcess, create_topics, embedded_broker_env, unique, wait_for
+from delayapp.dev.chaos.procs import (
+    TopicCollector,
+    WorkerProcess,
+    client_kwargs,
+    client_settings,
+    create_topics,
+    embedded_broker_env,
+    unique,
+    wait_for,
+)
 from delayapp.dev.chaos.proxy import CuttableProxy
 from delayapp.dev.embedded_broker import EmbeddedBroker, free_port
 
@@ -60,6 +69,9 @@ class ChaosConfig:
     seed: int = 7
     session_timeout_ms: int = 6_000
     drain_timeout_s: float = 240.0
+    #: the broker's security settings as DELAYAPP_* environment variables (SASL, TLS): given to
+    #: the workers and used by the harness's own clients, on top of this process's environment
+    security: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -199,12 +211,13 @@ class ChaosRun:
             "DELAYAPP_MAX_DELAY": "1h",
             "DELAYAPP_AUDIT_HOPS": "true",  # every hop in the read model: a lost record's last place is known
             **embedded_broker_env(c.broker),
+            **c.security,
         }
 
     async def _load(self, bootstrap: str) -> None:
         """Send every record once, up front; due times spread over the fault period."""
         c = self.config
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        producer = AIOKafkaProducer(**client_kwargs(bootstrap, c.security), acks="all", linger_ms=5)
         await producer.start()
         start = now_ms()
         futures = []
@@ -296,7 +309,7 @@ class ChaosRun:
         wrote, or an aborted step applied, shows here; a sample is also asked of each live
         worker's ``/delay/records/{id}`` (what users see)."""
         topic = f"{self.prefix}.record-states"
-        collector = await TopicCollector(bootstrap, [topic]).start()
+        collector = await TopicCollector(bootstrap, [topic], self.config.security).start()
 
         def folded() -> RecordStateStore:
             store = RecordStateStore(ttl_ms=10**12)
@@ -338,7 +351,9 @@ class ChaosRun:
         """Ask each live worker for ``sample`` ids (the same ones): each must agree with the recount."""
         ids = sorted(expected)[:: max(1, len(expected) // sample)][:sample]
         found: list[tuple[str, int, dict | None]] = []
-        async with aiohttp.ClientSession() as session:
+        token = client_settings("", self.config.security).read_credential()  # the workers' read token, if any
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with aiohttp.ClientSession(headers=headers) as session:
             for worker in [w for w in self.workers if w.alive]:
                 base = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}/delay/records/"
 
@@ -361,7 +376,7 @@ class ChaosRun:
         """Log, for a few disagreeing ids, every audit event and record-states write of theirs,
         so a failed run says whether a step was never audited, never written or overtaken."""
         audit = f"{self.prefix}.audit"
-        collector = await TopicCollector(bootstrap, [audit]).start()
+        collector = await TopicCollector(bootstrap, [audit], self.config.security).start()
         seen: list[int] = []
 
         def settled() -> bool:  # no new audit records for two polls in a row
@@ -411,11 +426,11 @@ class ChaosRun:
             for worker in self.workers:
                 worker.start()
             await asyncio.gather(*(w.wait_ready(loops=1, timeout=120) for w in self.workers))
-            await create_topics(bootstrap, *self.targets, partitions=c.partitions)
+            await create_topics(bootstrap, *self.targets, partitions=c.partitions, security=c.security)
             await wait_for(lambda: all(len(w.loops_assigned()) >= 1 for w in self.workers), 120, "workers")
             await asyncio.sleep(c.session_timeout_ms / 1000)  # let both members settle in every group
             await self._load(bootstrap)
-            collector = await TopicCollector(bootstrap, [*self.targets, f"{self.prefix}.dlq"]).start()
+            collector = await TopicCollector(bootstrap, [*self.targets, f"{self.prefix}.dlq"], c.security).start()
             await self._inject()
             last_fault_end = max((f.end_ms for f in self.faults), default=now_ms())
             last_due = max(due for due, _ in self.sent.values())

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,21 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from delayapp.dev.embedded_broker import free_port
+from delayapp.settings import Settings, load_settings
+
+
+def client_settings(bootstrap: str, security: Mapping[str, str] | None = None) -> Settings:
+    """The settings a test tool's clients use for ``bootstrap``: this process's environment,
+    overridden by ``security`` (settings as ``DELAYAPP_*`` environment variables, e.g.
+    ``DELAYAPP_SECURITY_PROTOCOL``, as a worker process is given them)."""
+    fields = {k.removeprefix("DELAYAPP_").lower(): v for k, v in (security or {}).items() if k.startswith("DELAYAPP_")}
+    return load_settings(**{**fields, "broker": bootstrap})
+
+
+def client_kwargs(bootstrap: str, security: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """aiokafka keyword arguments for ``bootstrap`` as delayapp's own clients get them (see
+    :func:`client_settings`)."""
+    return client_settings(bootstrap, security).kafka_client_kwargs()
 
 
 def embedded_broker_env(external_broker: str | None) -> dict[str, str]:
@@ -29,10 +44,15 @@ def embedded_broker_env(external_broker: str | None) -> dict[str, str]:
 
 
 async def create_topics(
-    bootstrap: str, *names: str, partitions: int = 3, configs: dict[str, str] | None = None
+    bootstrap: str,
+    *names: str,
+    partitions: int = 3,
+    configs: dict[str, str] | None = None,
+    security: Mapping[str, str] | None = None,
 ) -> None:
-    """Create topics (with topic ``configs``, if given), leaving alone those that exist."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    """Create topics (with topic ``configs``, if given), leaving alone those that exist
+    (``security``: as for :func:`client_kwargs`)."""
+    admin = AIOKafkaAdminClient(**client_kwargs(bootstrap, security))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -64,10 +84,12 @@ async def wait_for(condition: Callable[[], Any], timeout: float, what: str, inte
 
 @dataclass
 class TopicCollector:
-    """Reads topics from the beginning (read_committed) into memory, in the background."""
+    """Reads topics from the beginning (read_committed) into memory, in the background
+    (``security``: as for :func:`client_kwargs`)."""
 
     bootstrap: str
     topics: list[str]
+    security: Mapping[str, str] | None = None
     records: list[Any] = field(default_factory=list)
     arrived_ms: dict[tuple[str, int, int], int] = field(default_factory=dict)
     _task: asyncio.Task | None = None
@@ -77,7 +99,7 @@ class TopicCollector:
         """Subscribe and start collecting (the topics must exist)."""
         self._consumer = AIOKafkaConsumer(
             *self.topics,
-            bootstrap_servers=self.bootstrap,
+            **client_kwargs(self.bootstrap, self.security),
             group_id=None,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=50,
