@@ -18,8 +18,8 @@ beyond the maximum, a pending cancel, a target the policy refuses, a rate-limite
 The caller then takes the full path (:class:`delayapp.engine.handler.RecordHandler`), which
 decodes every header, applies every policy and dead-letters with the reason. So the lean step
 never decides differently from the full path, it only declines to decide (a property test
-holds the two together). A hop leaves the target's policy to the router and the delivery,
-which both check it.
+holds the two together). It is asked only about a record whose ``awakeAt`` has come (the
+loop holds the others), and it reads the record's value only to refuse a tombstone.
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ class LeanStep:
         read (for a delivery's audit event)."""
         due = valid = expire = throttled = hops = retried = delayed = None
         priority = False
-        record_id = target = None
+        record_id: str | None = None
+        raw_target: bytes | None = None
         awake_index = hops_index = -1
         seen = 0  # the headers read so far: a repeated one is the full path's to refuse
         read = _READ
@@ -191,7 +192,7 @@ class LeanStep:
                 if record_id is None:
                     return None
             elif kind == _TARGET:
-                target = raw
+                raw_target = raw
             elif kind == _DELAY_MS:
                 return None  # a producer's relative delay: only the router turns it into a due time
             else:
@@ -208,6 +209,11 @@ class LeanStep:
                     delayed = value
         if due is None or awake_index < 0 or hops_index < 0 or record_id is None:
             return None  # not a record the router admitted: the full path looks at it
+        # the target's policy at every step, as the full path's: a record written straight into
+        # a delay topic is held to the router's rules (a deployment has few targets: remembered)
+        target = _checked(h.decode_topic, h.REACTIVATE_TO_TOPIC, raw_target)
+        if target is None or self.policy.check_target(target, self.known_topics()) is not None:
+            return None
         assert hops is not None  # read with hops_index
         if retried is not None and retried > self.max_retries:
             return None
@@ -244,7 +250,7 @@ class LeanStep:
         now: int,
         due: int,
         record_id: str,
-        raw_target: bytes | None,
+        target: str,
         retried: int | None,
         hops: int,
         priority: bool,
@@ -254,9 +260,6 @@ class LeanStep:
     ) -> LeanDelivery | None:
         """The delivery of a due record, or None when the full path must decide it."""
         if not self.deliveries:
-            return None
-        target = _checked(h.decode_topic, h.REACTIVATE_TO_TOPIC, raw_target)
-        if target is None or self.policy.check_target(target, self.known_topics()) is not None:
             return None
         retries = retried or 0
         event = AuditEvent(
