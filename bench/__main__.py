@@ -1,8 +1,21 @@
-"""``python -m bench``: delayapp against the limit and a Redis baseline, on one broker, one run.
+"""``python -m bench``: delayapp against the relay and the Redis design, on one broker, one run.
 
 Prints a table (figure, value, target, verdict) and writes a JSON result. Runs against the
-embedded broker unless ``--broker`` / DELAYAPP_TEST_BROKER names one. Every figure is the
-median of several runs after a warm-up, except the long single-shot ones (backlog, recovery).
+embedded broker unless ``--broker`` / DELAYAPP_TEST_BROKER names one. Targets (issue 20) are
+ratios to references measured in the same run:
+
+- ``hops``: one loop moving preloaded records, against the faster relay (``relay``): the
+  intermediate hop, to the next denomination with the audit on its defaults (>= 0.6x), and the
+  delivery with the audit on (>= 0.4x; audit off alongside);
+- ``saturation``: the highest input rate one worker process keeps up with, records entering
+  through the ingress with 1-3 s delays, against the tuned Redis design's (>= 0.5x);
+- ``lateness``: p99 at 1,000 rec/s (<= 10 ms) and at half that saturation rate (<= 50 ms);
+- ``burst``: 100,000 records due in one second, written 60 s ahead: first due time to last
+  delivery <= N / (0.4 x relay) + 1 s;
+- ``mix``: mean hops, and the realistic mix's throughput computed from the intermediate hop.
+
+Figures of ``relay`` and ``hops`` are the median of several runs after a warm-up; the others
+are single runs (a search, for ``saturation``).
 """
 
 from __future__ import annotations
@@ -178,25 +191,32 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
             report.data["saturation"]["redis"] = theirs
             report.add("Redis tuned, end to end: saturation rate", _bounded(theirs))
         value = _bounded(ours)
-        if saturated and theirs and theirs["rate"]:
-            ratio = saturated / theirs["rate"]
+        if theirs and theirs["rate"]:
+            ratio = (saturated or 0) / theirs["rate"]
+            report.data["saturation"]["ratio"] = ratio
+            # a search that never fell behind gives a floor: a verdict only where the bound decides it
+            if ratio >= 0.5:
+                ok = None if theirs["failed_at"] is None else True
+            else:
+                ok = None if ours["failed_at"] is None else False
             report.add(
                 "logical throughput end to end: one worker's saturation rate",
-                f"{value} = {ratio:.2f} x Redis tuned",
+                f"{value} = {ratio:.2f} x Redis tuned" + ("" if ok is not None else " (bounds only: undecided)"),
                 ">= 0.5 x Redis tuned",
-                ratio >= 0.5,
+                ok,
             )
         else:
             report.add("logical throughput end to end: one worker's saturation rate", value)
     if "lateness" in sections:
-        seconds = 5 if quick else 15
-        rates = [(1_000.0, 10)]
+        seconds = 3 if quick else 15
+        rates = [(1_000.0, 10)]  # (rate, p99 target in ms)
         if saturated:
             rates.append((round(saturated / 2), 50))
-        report.data["lateness"] = []
-        for rate, limit in rates:
-            result = await engine.lateness_at_rate(bootstrap, rate, seconds, SHORT_LADDER, external=external)
-            report.data["lateness"].append(result)
+        results = await engine.lateness_at_rates(
+            bootstrap, [rate for rate, _ in rates], seconds, SHORT_LADDER, external=external
+        )
+        report.data["lateness"] = results
+        for (rate, limit), result in zip(rates, results):
             what = "1,000 rec/s" if limit == 10 else f"half the saturation rate, {rate:,.0f} rec/s"
             report.add(
                 f"lateness at {what} (p50 / p99 / max, early)",
@@ -206,7 +226,7 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
                 result["p99"] <= limit and result["early"] == 0 and result["delivered"] == result["sent"],
             )
     if "burst" in sections:
-        count, lead = (5_000, 15.0) if quick else (100_000, 60.0)
+        count, lead = (5_000, 5.0) if quick else (100_000, 60.0)
         result = await engine.burst(bootstrap, count, lead, external=external)
         report.data["burst"] = result
         late = f"{result['drained_s']:.1f} s, p50 lateness {result['p50'] / 1000:.1f} s, early {result['early']}"

@@ -188,13 +188,14 @@ def _delayapp_record(sink: str) -> MakeRecord:
     return make
 
 
-async def lateness_at_rate(
-    bootstrap: str, rate: float, seconds: float, ladder: str = "100ms,1s,5s", *, external: bool = False
-) -> dict:
-    """Lateness (write time minus due) of records scheduled at ``rate``/s with 1-3 s delays,
-    through a real ``faust -A delayapp worker`` process, written by a librdkafka producer."""
+async def lateness_at_rates(
+    bootstrap: str, rates: list[float], seconds: float, ladder: str = "100ms,1s,5s", *, external: bool = False
+) -> list[dict]:
+    """Lateness (write time minus due) of records offered at each of ``rates``/s in turn for
+    ``seconds``, with 1-3 s delays, through one real ``faust -A delayapp worker`` process (each
+    rate starts once the previous rate's records are all delivered), written by a librdkafka producer."""
     async with worker_target(bootstrap, ladder, external=external, name="lat") as target:
-        return await offer(target, rate, seconds)
+        return [await offer(target, rate, seconds) for rate in rates]
 
 
 async def saturation_rate(bootstrap: str, *, quick: bool, ladder: str = "100ms,1s,5s", external: bool = False) -> dict:

@@ -209,7 +209,8 @@ async def saturation(
 ) -> dict:
     """The highest offered rate ``step`` keeps up with: double from ``start`` until a step falls
     behind (halve if the first does), then bisect ``refine`` times; at most ``max_steps`` steps.
-    ``rate`` is the highest rate kept up with (None if none was), ``failed_at`` the lowest that was not."""
+    ``rate`` is the highest rate kept up with (None if none was), ``failed_at`` the lowest that was
+    not; a step that leaves records undelivered after :data:`DRAIN_S` ends the search."""
     passed: float | None = None
     failed: float | None = None
     steps: list[dict] = []
@@ -228,6 +229,8 @@ async def saturation(
             passed = max(passed or 0.0, rate)
         else:
             failed = min(failed or float("inf"), rate)
+        if result["delivered"] < result["sent"]:
+            break  # records still queued would slow the next step: its figure would be wrong
         if failed is None:
             rate *= 2
         elif passed is None:

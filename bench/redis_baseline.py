@@ -277,7 +277,7 @@ async def redis_target(bootstrap: str, *, poll_s: float = 0.005, batch: int = 10
                 process.send_signal(signal.SIGTERM)
                 try:
                     await asyncio.wait_for(process.wait(), 15)
-                except TimeoutError:
+                except asyncio.TimeoutError:  # not yet the builtin on Python 3.10
                     process.kill()
                     await process.wait()
 
