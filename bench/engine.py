@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import cProfile
+import shutil
 import signal
 import statistics
 import time
@@ -177,6 +178,7 @@ async def worker_target(
     finally:
         target.stop()
         worker.stop()
+        shutil.rmtree(f"{prefix}-data", ignore_errors=True)  # the worker's Faust data dir, in the cwd
 
 
 def _delayapp_record(sink: str) -> MakeRecord:
