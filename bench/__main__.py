@@ -221,7 +221,8 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
             report.add(
                 f"lateness at {what} (p50 / p99 / max, early)",
                 f"{result['p50']:.0f} / {result['p99']:.0f} / {result['max']:.0f} ms, early {result['early']} "
-                f"({result['delivered']}/{result['sent']} delivered; seen by a reader p99 {result['seen_p99']:.0f} ms)",
+                f"({result['delivered']}/{result['sent']} delivered; seen by a reader p99 {result['seen_p99']:.0f} ms; "
+                f"load acked by the broker p99 {result['producer_ack_p99']:.0f} ms)",
                 f"p99 <= {limit} ms",
                 result["p99"] <= limit and result["early"] == 0 and result["delivered"] == result["sent"],
             )

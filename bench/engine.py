@@ -169,11 +169,11 @@ async def worker_target(
     env = worker_env(bootstrap, prefix, ladder or DEFAULT_LADDER, external=external)
     if ladder is None:
         del env["DELAYAPP_DENOMINATIONS"]  # what a new user runs
+    await create_topics(bootstrap, sink, partitions=4)
     worker = WorkerProcess(env, name=prefix).start()
     target = Target(bootstrap, f"{prefix}.ingress", sink, _delayapp_record(sink), lambda key, value: key or b"")
     try:
         await worker.wait_ready(loops=1 + len(Ladder.parse(ladder or DEFAULT_LADDER).denominations))
-        await create_topics(bootstrap, sink, partitions=4)
         yield target.start()
     finally:
         target.stop()
@@ -191,7 +191,12 @@ def _delayapp_record(sink: str) -> MakeRecord:
 
 
 async def lateness_at_rates(
-    bootstrap: str, rates: list[float], seconds: float, ladder: str = "100ms,1s,5s", *, external: bool = False
+    bootstrap: str,
+    rates: list[float],
+    seconds: float,
+    ladder: str = "100ms,1s,5s",
+    *,
+    external: bool = False,
 ) -> list[dict]:
     """Lateness (write time minus due) of records offered at each of ``rates``/s in turn for
     ``seconds``, with 1-3 s delays, through one real ``faust -A delayapp worker`` process (each
@@ -213,7 +218,7 @@ async def burst(bootstrap: str, count: int, lead_s: float, *, external: bool = F
     the first due time to the last delivery, and the lateness."""
     async with worker_target(bootstrap, None, external=external, name="bst") as target:
         first_due = now_ms() + int(lead_s * 1000)
-        due_of, took = await asyncio.to_thread(
+        produced = await asyncio.to_thread(
             produce,
             bootstrap,
             target.ingress,
@@ -221,6 +226,7 @@ async def burst(bootstrap: str, count: int, lead_s: float, *, external: bool = F
             target.make,
             lambda i, now: first_due + i * 1000 // count,
         )
+        due_of = produced.due_of
         assert target.collector is not None
         await wait_delivered(target.collector, due_of, time.monotonic() + lead_s + 300)
         result = summary(target.collector, due_of)
@@ -228,7 +234,7 @@ async def burst(bootstrap: str, count: int, lead_s: float, *, external: bool = F
         return {
             "count": count,
             "lead_s": lead_s,
-            "produced_in_s": took,
+            "produced_in_s": produced.seconds,
             "drained_s": (max(written, default=first_due) - first_due) / 1000,
             **result,
         }

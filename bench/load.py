@@ -30,6 +30,20 @@ DRAIN_S = 60.0
 MakeRecord = Callable[[bytes, int], tuple[bytes | None, bytes, list[tuple[str, bytes]]]]
 
 
+ACK_SAMPLE_EVERY = 50  # records between two whose acknowledgement latency is timed
+
+
+@dataclass
+class Produced:
+    """What :func:`produce` wrote: id -> due (epoch ms), the seconds it took (flush included), and
+    the latency (ms) from ``produce()`` to the broker's acknowledgement of one record in
+    :data:`ACK_SAMPLE_EVERY`: the load's own delay, before any scheduler sees a record."""
+
+    due_of: dict[bytes, int]
+    seconds: float
+    ack_ms: list[float]
+
+
 def produce(
     bootstrap: str,
     topic: str,
@@ -39,10 +53,9 @@ def produce(
     *,
     rate: float | None = None,
     tag: str = "r",
-) -> tuple[dict[bytes, int], float]:
+) -> Produced:
     """Write ``count`` records (blocking; run it in a thread), ``rate``/s or as fast as librdkafka
-    takes them; record ``i`` is due at ``due(i, now_ms)``. Returns id -> due and the seconds the
-    writes took (flush included)."""
+    takes them; record ``i`` is due at ``due(i, now_ms)``."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -52,6 +65,15 @@ def produce(
         }
     )
     due_of: dict[bytes, int] = {}
+    ack_ms: list[float] = []
+
+    def timed(sent_at: float) -> Callable[[object, object], None]:
+        def acked(error: object, message: object) -> None:
+            if error is None:
+                ack_ms.append((time.perf_counter() - sent_at) * 1000)
+
+        return acked
+
     started = time.perf_counter()
     sent = 0
     while sent < count:
@@ -61,8 +83,10 @@ def produce(
             ident = f"{tag}{sent}".encode()
             at = due(sent, now_ms())
             key, value, headers = make(ident, at)
+            # a callback on every record would cost the load generator more than the timing is worth
+            extra = {"on_delivery": timed(time.perf_counter())} if sent % ACK_SAMPLE_EVERY == 0 else {}
             try:
-                producer.produce(topic, value, key, headers=headers)
+                producer.produce(topic, value, key, headers=headers, **extra)
             except BufferError:  # librdkafka's queue is full: let it drain, then retry this record
                 producer.poll(0.01)
                 continue
@@ -74,7 +98,7 @@ def produce(
     remaining = producer.flush(60)
     if remaining:
         raise RuntimeError(f"{remaining} records not written to {topic} within 60 s")
-    return due_of, time.perf_counter() - started
+    return Produced(due_of, time.perf_counter() - started, ack_ms)
 
 
 class Collector:
@@ -138,11 +162,16 @@ async def wait_delivered(collector: Collector, ids: dict[bytes, int], deadline_s
 def summary(collector: Collector, due_of: dict[bytes, int]) -> dict:
     """Lateness (write time minus due, ms) of the records of ``due_of`` collected so far."""
     lateness, seen_late = [], []
+    # by the second (from the first due time) records came due: a spike and a growing backlog
+    # look alike in a percentile over the whole step, not over time
+    by_second: dict[int, list[int]] = {}
+    first_due = min(due_of.values(), default=0)
     for ident, due in due_of.items():
         got = collector.seen.get(ident)
         if got is not None:
             lateness.append(got[0] - due)
             seen_late.append(got[1] - due)
+            by_second.setdefault((due - first_due) // 1000, []).append(got[0] - due)
     return {
         "sent": len(due_of),
         "delivered": len(lateness),
@@ -152,6 +181,7 @@ def summary(collector: Collector, due_of: dict[bytes, int]) -> dict:
         "max": max(lateness, default=float("nan")),
         "seen_p50": percentile(seen_late, 0.5),
         "seen_p99": percentile(seen_late, 0.99),
+        "p99_by_second": [percentile(by_second.get(i, []), 0.99) for i in range(max(by_second, default=-1) + 1)],
     }
 
 
@@ -181,12 +211,13 @@ class Target:
 async def offer(target: Target, rate: float, seconds: float, delay_ms: tuple[int, int] = (1_000, 3_000)) -> dict:
     """Offer ``rate`` records/s for ``seconds``, each due ``delay_ms`` (uniform) after it is written;
     wait for them and summarise: kept up when all arrived, none early, p99 lateness within
-    :data:`KEPT_UP_P99_MS`. ``producer_rate`` says whether the producer held the rate."""
+    :data:`KEPT_UP_P99_MS`. ``producer_rate`` says whether the producer held the rate, and
+    ``producer_ack_p99`` how long the broker took to take the load (lateness a scheduler cannot help)."""
     assert target.collector is not None, "start() the target first"
     target.steps += 1
     rng = random.Random(target.steps)
     count = max(1, round(rate * seconds))
-    due_of, took = await asyncio.to_thread(
+    produced = await asyncio.to_thread(
         produce,
         target.bootstrap,
         target.ingress,
@@ -196,8 +227,15 @@ async def offer(target: Target, rate: float, seconds: float, delay_ms: tuple[int
         rate=rate,
         tag=f"s{target.steps}-",
     )
-    await wait_delivered(target.collector, due_of, time.monotonic() + delay_ms[1] / 1000 + DRAIN_S)
-    result = {"rate": rate, "seconds": seconds, "producer_rate": count / took, **summary(target.collector, due_of)}
+    await wait_delivered(target.collector, produced.due_of, time.monotonic() + delay_ms[1] / 1000 + DRAIN_S)
+    result = {
+        "rate": rate,
+        "seconds": seconds,
+        "producer_rate": count / produced.seconds,
+        "producer_ack_p99": percentile(produced.ack_ms, 0.99),
+        "producer_ack_max": max(produced.ack_ms, default=float("nan")),
+        **summary(target.collector, produced.due_of),
+    }
     result["kept_up"] = (
         result["delivered"] == result["sent"] and result["early"] == 0 and result["p99"] <= KEPT_UP_P99_MS
     )
@@ -222,7 +260,7 @@ async def saturation(
         print(
             f"    {label} {rate:,.0f} rec/s: {'kept up' if result['kept_up'] else 'fell behind'} "
             f"(p99 {result['p99']:,.0f} ms, {result['delivered']}/{result['sent']}, "
-            f"producer {result['producer_rate']:,.0f} rec/s)",
+            f"producer {result['producer_rate']:,.0f} rec/s, acked p99 {result['producer_ack_p99']:,.0f} ms)",
             flush=True,
         )
         if result["kept_up"]:
@@ -245,12 +283,13 @@ async def saturation(
 
 async def saturation_of(target: Target, *, quick: bool, label: str) -> dict:
     """The saturation search every scheduler gets (the same steps for delayapp and the Redis
-    design): 10 s steps from 500 rec/s, doubling, then two bisections; ``quick``: two 3 s steps."""
+    design): 10 s steps from 1,000 rec/s, doubling, then two bisections, at most 9 steps (room
+    for 5 doublings: 32k rec/s); ``quick``: two 3 s steps from 250 rec/s."""
     seconds = 3 if quick else 10
     return await saturation(
         lambda rate: offer(target, rate, seconds),
-        250 if quick else 500,
-        max_steps=2 if quick else 8,
+        250 if quick else 1_000,
+        max_steps=2 if quick else 9,
         refine=0 if quick else 2,
         label=label,
     )
