@@ -22,6 +22,7 @@ def scheduler(capacity: float, *, leaves_backlog_above: float = float("inf")):
             "sent": sent,
             "delivered": delivered,
             "producer_rate": rate,
+            "producer_ack_p99": 1,
         }
 
     return step, offered
