@@ -106,6 +106,9 @@ async def hop_throughput(
     topic = layout.delay_topic(denomination)
     await preload(bootstrap, topic, count, lambda i: [*base, (h.RECORD_ID, f"id-{i}".encode())])
     handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
+    if profiler is not None and not callable(getattr(HopLoop, "_run", None)):
+        # ProfiledHopLoop wraps the thread's loop by this name: a profile of nothing would look like a result
+        raise RuntimeError("HopLoop has no _run any more: ProfiledHopLoop must wrap its thread's loop")
     loop_kind = partial(ProfiledHopLoop, profiler=profiler) if profiler is not None else HopLoop
     loop = loop_kind(
         name=f"delay-{settings.ladder.label(denomination)}",
