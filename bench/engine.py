@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import cProfile
-import random
+import shutil
 import signal
 import statistics
 import time
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
 import psutil
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from bench.common import VALUE_1KB, create_topics, percentile, preload, unique
+from bench.common import VALUE_1KB, create_topics, preload, unique
+from bench.load import MakeRecord, Target, offer, produce, saturation_of, summary, wait_delivered
 from bench.relay import HEADERS
 from delayapp.core import headers as h
 from delayapp.core.clock import now_ms
-from delayapp.core.ladder import Ladder
+from delayapp.core.ladder import DEFAULT_LADDER, Ladder
 from delayapp.core.mixes import histogram
 from delayapp.core.planner import Planner, greedy_plan
-from delayapp.dev.chaos.procs import TopicCollector, WorkerProcess, embedded_broker_env
+from delayapp.dev.chaos.procs import TopicCollector, WorkerProcess, embedded_broker_env, wait_for
 from delayapp.engine.bootstrap import bootstrap_topics
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.loop import HopLoop
@@ -44,17 +47,34 @@ class ProfiledHopLoop(HopLoop):
             self.profiler.disable()
 
 
+HOP_LADDER = "1s,1m,1h"
+
+
 async def hop_throughput(
-    bootstrap: str, count: int, *, audit: bool, partitions: int = 4, profiler: cProfile.Profile | None = None
+    bootstrap: str,
+    count: int,
+    *,
+    step: str,
+    audit: bool = True,
+    partitions: int = 4,
+    profiler: cProfile.Profile | None = None,
 ) -> float:
-    """Records/s one denomination loop moves when every record is already due (in-process);
-    with ``profiler``, the loop's thread runs under it."""
+    """Records/s one denomination loop moves (in-process) out of ``count`` preloaded records whose
+    ``awakeAt`` is past, on the ladder :data:`HOP_LADDER`:
+
+    - ``step="intermediate"``: records in the 1h topic due in 30 min, each moved one denomination
+      down (to the 1m topic: a hop, counted by ``loop.stats.hops``), the audit on its defaults
+      (``DELAYAPP_AUDIT_HOPS`` off: a hop publishes no audit event);
+    - ``step="delivery"``: records in the 1s topic already due, each delivered to a sink topic,
+      with the audit stream and record-states written when ``audit``.
+
+    With ``profiler``, the loop's thread runs under it."""
     prefix = unique("hop")
     settings = load_settings(
         broker=bootstrap,
         topic_prefix=prefix,
         app_id=prefix,
-        denominations="1s,1m",
+        denominations=HOP_LADDER,
         partitions=partitions,
         session_timeout_ms=6000,
         heartbeat_interval_ms=1500,
@@ -65,36 +85,55 @@ async def hop_throughput(
     await bootstrap_topics(settings, layout)
     sink = f"{prefix}-sink"
     await create_topics(bootstrap, sink, partitions=partitions)
-    past = str(now_ms() - 1000).encode()
+    now = now_ms()
+    past = str(now - 1000).encode()
+    if step == "intermediate":
+        # far enough ahead that no record comes due while the run lasts, near enough that the
+        # next denomination is the 1m topic, not this one again
+        denomination, due, moved = 3_600_000, str(now + 1_800_000).encode(), "hops"
+    elif step == "delivery":
+        denomination, due, moved = 1_000, past, "delivered"
+    else:
+        raise ValueError(f"unknown step {step!r}")
     base = [
         *HEADERS,
         (h.REACTIVATE_TO_TOPIC, sink.encode()),
-        (h.REACTIVATE_AT, past),
+        (h.REACTIVATE_AT, due),
         (h.AWAKE_AT, past),
         (h.ORIGINATED_AT, past),
         (h.TIME_RETRIED, b"0"),
     ]
-    topic = layout.delay_topic(1000)
+    topic = layout.delay_topic(denomination)
     await preload(bootstrap, topic, count, lambda i: [*base, (h.RECORD_ID, f"id-{i}".encode())])
     handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
+    if profiler is not None and not callable(getattr(HopLoop, "_run", None)):
+        # ProfiledHopLoop wraps the thread's loop by this name: a profile of nothing would look like a result
+        raise RuntimeError("HopLoop has no _run any more: ProfiledHopLoop must wrap its thread's loop")
     loop_kind = partial(ProfiledHopLoop, profiler=profiler) if profiler is not None else HopLoop
     loop = loop_kind(
-        name="delay-1s",
+        name=f"delay-{settings.ladder.label(denomination)}",
         topic=topic,
-        group_id=f"{prefix}.delay.1s",
+        group_id=f"{prefix}.{topic.removeprefix(prefix + '.')}",
         handler=handler,
         settings=settings,
         audit_topic=layout.audit if audit else None,
         states_topic=layout.record_states if audit else None,
+        max_wait_ms=denomination,
     )
     await loop.start()
     try:
-        while loop.stats.consumed == 0:
-            await asyncio.sleep(0.002)
+        await wait_for(lambda: loop.stats.consumed > 0, 60, f"{loop.name} to fetch its first batch", 0.002)
         started = time.perf_counter()
-        while loop.stats.delivered < count:
-            await asyncio.sleep(0.002)
-        return count / (time.perf_counter() - started)
+        await wait_for(lambda: getattr(loop.stats, moved) >= count, 300, f"{loop.name} to move {count} records", 0.002)
+        elapsed = time.perf_counter() - started
+        others = loop.stats.hops + loop.stats.delivered + loop.stats.dead_lettered - count
+        if others:  # a record went another way than this figure measures: the figure would be wrong
+            stats = loop.stats
+            raise RuntimeError(
+                f"{loop.name}: {others} records not {moved} "
+                f"(hops {stats.hops}, delivered {stats.delivered}, dead letters {stats.dead_lettered})"
+            )
+        return count / elapsed
     finally:
         await loop.stop()
 
@@ -122,62 +161,86 @@ def worker_env(bootstrap: str, prefix: str, ladder: str, *, external: bool, part
     }
 
 
-async def lateness_at_rate(
-    bootstrap: str, rate: float, seconds: float, ladder: str = "100ms,1s,5s", *, external: bool = False
-) -> dict:
-    """Lateness (write time minus due) of records scheduled at ``rate``/s with 1-3 s delays,
-    through a real ``faust -A delayapp worker`` process."""
-    prefix = unique("lat")
-    target = f"{prefix}-out"
-    worker = WorkerProcess(worker_env(bootstrap, prefix, ladder, external=external), name=prefix).start()
+@contextlib.asynccontextmanager
+async def worker_target(
+    bootstrap: str, ladder: str | None, *, external: bool, name: str = "sat"
+) -> AsyncIterator[Target]:
+    """A real ``faust -A delayapp worker`` process on ``ladder`` (None: the default ladder), ready
+    to be offered load through its ingress; records carry their id as key."""
+    prefix = unique(name)
+    sink = f"{prefix}-out"
+    env = worker_env(bootstrap, prefix, ladder or DEFAULT_LADDER, external=external)
+    if ladder is None:
+        del env["DELAYAPP_DENOMINATIONS"]  # what a new user runs
+    await create_topics(bootstrap, sink, partitions=4)
+    worker = WorkerProcess(env, name=prefix).start()
+    target = Target(bootstrap, f"{prefix}.ingress", sink, _delayapp_record(sink), lambda key, value: key or b"")
     try:
-        await worker.wait_ready(loops=1 + len(ladder.split(",")))
-        await create_topics(bootstrap, target, partitions=4)
-        collector = await TopicCollector(bootstrap, [target]).start()
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=2)
-        await producer.start()
-        rng = random.Random(5)
-        sent = 0
-        due_of: dict[bytes, int] = {}
-        started = time.perf_counter()
-        try:
-            while time.perf_counter() - started < seconds:
-                target_sent = int((time.perf_counter() - started) * rate)
-                while sent < target_sent:
-                    due = now_ms() + rng.randint(1_000, 3_000)
-                    key = f"r{sent}".encode()
-                    due_of[key] = due
-                    await producer.send(
-                        f"{prefix}.ingress",
-                        VALUE_1KB,
-                        key=key,
-                        headers=[(h.REACTIVATE_TO_TOPIC, target.encode()), (h.REACTIVATE_AT, str(due).encode())],
-                    )
-                    sent += 1
-                await asyncio.sleep(0.001)
-            await producer.flush()
-        finally:
-            await producer.stop()
-        deadline = time.monotonic() + 60
-        while len(collector.on(target)) < sent and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        await collector.stop()
-        records = collector.on(target)
-        lateness = [r.timestamp - due_of[r.key] for r in records]
-        seen = [collector.arrival(r) - due_of[r.key] for r in records]
-        return {
-            "rate": rate,
-            "sent": sent,
-            "delivered": len(records),
-            "early": sum(x < 0 for x in lateness),
-            "p50": percentile(lateness, 0.5),
-            "p99": percentile(lateness, 0.99),
-            "max": max(lateness, default=float("nan")),
-            "seen_p50": percentile(seen, 0.5),
-            "seen_p99": percentile(seen, 0.99),
-        }
+        await worker.wait_ready(loops=1 + len(Ladder.parse(ladder or DEFAULT_LADDER).denominations))
+        yield target.start()
     finally:
+        target.stop()
         worker.stop()
+        shutil.rmtree(f"{prefix}-data", ignore_errors=True)  # the worker's Faust data dir, in the cwd
+
+
+def _delayapp_record(sink: str) -> MakeRecord:
+    topic = sink.encode()
+
+    def make(ident: bytes, due: int) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+        return ident, VALUE_1KB, [(h.REACTIVATE_TO_TOPIC, topic), (h.REACTIVATE_AT, str(due).encode())]
+
+    return make
+
+
+async def lateness_at_rates(
+    bootstrap: str,
+    rates: list[float],
+    seconds: float,
+    ladder: str = "100ms,1s,5s",
+    *,
+    external: bool = False,
+) -> list[dict]:
+    """Lateness (write time minus due) of records offered at each of ``rates``/s in turn for
+    ``seconds``, with 1-3 s delays, through one real ``faust -A delayapp worker`` process (each
+    rate starts once the previous rate's records are all delivered), written by a librdkafka producer."""
+    async with worker_target(bootstrap, ladder, external=external, name="lat") as target:
+        return [await offer(target, rate, seconds) for rate in rates]
+
+
+async def saturation_rate(bootstrap: str, *, quick: bool, ladder: str = "100ms,1s,5s", external: bool = False) -> dict:
+    """The highest input rate one worker keeps up with on ``ladder`` with 1-3 s delays (see
+    :func:`bench.load.saturation`; one worker serves every step)."""
+    async with worker_target(bootstrap, ladder, external=external) as target:
+        return await saturation_of(target, quick=quick, label="delayapp")
+
+
+async def burst(bootstrap: str, count: int, lead_s: float, *, external: bool = False) -> dict:
+    """``count`` 1 KB records due within the same second, ``lead_s`` ahead, written by a librdkafka
+    producer as fast as it can to the ingress of a worker on the default ladder: the seconds from
+    the first due time to the last delivery, and the lateness."""
+    async with worker_target(bootstrap, None, external=external, name="bst") as target:
+        first_due = now_ms() + int(lead_s * 1000)
+        produced = await asyncio.to_thread(
+            produce,
+            bootstrap,
+            target.ingress,
+            count,
+            target.make,
+            lambda i, now: first_due + i * 1000 // count,
+        )
+        due_of = produced.due_of
+        assert target.collector is not None
+        await wait_delivered(target.collector, due_of, time.monotonic() + lead_s + 300)
+        result = summary(target.collector, due_of)
+        written = [target.collector.seen[i][0] for i in due_of if i in target.collector.seen]
+        return {
+            "count": count,
+            "lead_s": lead_s,
+            "produced_in_s": produced.seconds,
+            "drained_s": (max(written, default=first_due) - first_due) / 1000,
+            **result,
+        }
 
 
 def _rss_mb(pid: int) -> float:

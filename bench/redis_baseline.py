@@ -11,17 +11,23 @@ Redis calls. Redis is Debian's ``redis-server``, started on loopback.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import shutil
+import signal
 import subprocess
+import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from bench.common import create_topics, percentile, unique
+from bench.common import VALUE_1KB, create_topics, percentile, unique
+from bench.load import Target, saturation_of
 from delayapp.core.clock import now_ms
 from delayapp.dev.embedded_broker import free_port, wait_for_port
 
@@ -78,6 +84,14 @@ class RedisScheduler:
         await self.consumer.start()
         await self.producer.start()
         self._tasks = [asyncio.create_task(self._ingest()), asyncio.create_task(self._cron())]
+
+    async def wait_assigned(self, timeout: float = 60) -> None:
+        """Wait until the ingress consumer has its partitions (it fetches from then on)."""
+        deadline = time.monotonic() + timeout
+        while not self.consumer.assignment():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no ingress partitions assigned within {timeout:.0f} s")
+            await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -215,3 +229,91 @@ async def redis_bytes_per_pending(bootstrap: str, count: int) -> float:
         finally:
             await scheduler.stop()
             await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def redis_target(bootstrap: str, *, poll_s: float = 0.005, batch: int = 1000) -> AsyncIterator[Target]:
+    """The tuned Redis design as its own process (like a delayapp worker), with its ingress and
+    sink, ready to be offered load: records carry their id before a ``|`` in the message."""
+    ingress, sink = unique("redis-in-"), unique("redis-out-")
+    await create_topics(bootstrap, ingress, sink, partitions=4)
+    padding = VALUE_1KB[: len(VALUE_1KB) - 24].decode()
+
+    def make(ident: bytes, due: int) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+        countdown = max(0, due - now_ms()) / 1000
+        body = {"topic": sink, "message": f"{ident.decode()}|{padding}", "countdown": countdown}
+        return None, orjson.dumps(body), [("CALLER_SERVICE", b"bench")]
+
+    def ident(key: bytes | None, value: bytes | None) -> bytes:
+        return (value or b"").split(b"|", 1)[0]
+
+    with RedisServer() as server:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.redis_baseline",
+            "--bootstrap",
+            bootstrap,
+            "--ingress",
+            ingress,
+            "--redis-port",
+            str(server.port),
+            "--poll-s",
+            str(poll_s),
+            "--batch",
+            str(batch),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        target = Target(bootstrap, ingress, sink, make, ident)
+        try:
+            assert process.stdout is not None
+            line = await asyncio.wait_for(process.stdout.readline(), 90)
+            if line.strip() != b"ready":
+                raise RuntimeError(f"the Redis scheduler process did not start: {line!r}")
+            yield target.start()
+        finally:
+            target.stop()
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(process.wait(), 15)
+                except asyncio.TimeoutError:  # not yet the builtin on Python 3.10
+                    process.kill()
+                    await process.wait()
+
+
+async def redis_saturation_rate(bootstrap: str, *, quick: bool) -> dict:
+    """The highest input rate the tuned design keeps up with, with 1-3 s delays (the search of
+    :func:`bench.load.saturation`, as a delayapp worker's; one scheduler process serves every step)."""
+    async with redis_target(bootstrap) as target:
+        return await saturation_of(target, quick=quick, label="Redis tuned")
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    scheduler = RedisScheduler(args.bootstrap, args.redis_port, args.ingress, args.poll_s, args.batch, drain=True)
+    await scheduler.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    try:
+        await scheduler.wait_assigned()
+        print("ready", flush=True)
+        await stop.wait()
+    finally:
+        await scheduler.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.redis_baseline``: run the tuned scheduler until SIGTERM (the saturation
+    search runs it in a process of its own, as a delayapp worker runs in its own)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.redis_baseline", description=main.__doc__)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--ingress", required=True)
+    parser.add_argument("--redis-port", type=int, required=True)
+    parser.add_argument("--poll-s", type=float, default=0.005)
+    parser.add_argument("--batch", type=int, default=1000)
+    asyncio.run(_serve(parser.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
