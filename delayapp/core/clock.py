@@ -45,36 +45,39 @@ class GuardedClock:
         self._wall = wall
         self._monotonic = monotonic
         self._window_ms = window_ms
-        # (monotonic ms of the sample, broker ms at that moment at least); newest last
+        # (monotonic ms of the sample, broker ms at that moment at least), kept as a sliding-window
+        # maximum of broker ms - monotonic ms: each sample is worth more than every one after it,
+        # so the front is the best bound and a sample that a newer, better one outdoes is dropped.
+        # Every loop observes once per fetched batch: a plain list of the window's samples, scanned
+        # at each reading, made every loop of a worker stall under load (found by the bench).
         self._samples: deque[tuple[float, int]] = deque()
-        self._best: tuple[float, int] | None = None
         # every record loop of a worker runs in a thread of its own and shares this clock
         self._lock = threading.Lock()
 
     def observe(self, broker_ms: int | None, acked_at_monotonic_ms: float | None = None) -> None:
         """Learn that the broker's clock read at least ``broker_ms`` at ``acked_at_monotonic_ms``
-        (default: now); a LogAppendTime stamp seen in a produce acknowledgement."""
+        (default: now): a LogAppendTime stamp seen in a produce acknowledgement or on a fetched record."""
         if broker_ms is None or broker_ms <= 0:
             return
         at = self._monotonic() if acked_at_monotonic_ms is None else acked_at_monotonic_ms
+        worth = broker_ms - at
         with self._lock:
-            self._samples.append((at, broker_ms))
-            if self._best is None or broker_ms - at > self._best[1] - self._best[0]:
-                self._best = (at, broker_ms)
+            samples = self._samples
+            while samples and samples[-1][1] - samples[-1][0] <= worth:
+                samples.pop()
+            samples.append((at, broker_ms))
 
     def broker_lower_bound(self) -> int | None:
         """The broker's time now, at least (None without a sample in the window)."""
         mono = self._monotonic()
         horizon = mono - self._window_ms
         with self._lock:
-            if self._samples and self._samples[0][0] < horizon:
-                while self._samples and self._samples[0][0] < horizon:
-                    self._samples.popleft()
-                self._best = max(self._samples, key=lambda s: s[1] - s[0], default=None)
-            best = self._best
-        if best is None:
-            return None
-        at, broker_ms = best
+            samples = self._samples
+            while samples and samples[0][0] < horizon:
+                samples.popleft()
+            if not samples:
+                return None
+            at, broker_ms = samples[0]
         return int(broker_ms + (mono - at))
 
     def skew_ms(self) -> int | None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from delayapp.core.clock import GuardedClock
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from delayapp.core.clock import SAMPLE_WINDOW_MS, GuardedClock
 
 BROKER = 1_800_000_000_000
 
@@ -69,3 +72,38 @@ def test_samples_without_a_stamp_are_ignored() -> None:
     clock.observe(None)
     clock.observe(-1)
     assert not clock.measured
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(0, 20_000), st.integers(-3_000, 3_000), st.booleans()), min_size=1, max_size=60
+    )
+)
+def test_the_bound_is_the_best_sample_within_the_window(steps: list[tuple[int, int, bool]]) -> None:
+    """Against a plain scan of every sample still in the window (what the clock did before)."""
+    clocks = Clocks(BROKER)
+    clock = guarded(clocks)
+    seen: list[tuple[float, int]] = []
+    for elapsed, offset, observe in steps:
+        clocks.advance(elapsed)
+        if observe:
+            stamp = BROKER + int(clocks.mono) + offset
+            clock.observe(stamp)
+            seen.append((clocks.mono, stamp))
+        window = [(at, ms) for at, ms in seen if at >= clocks.mono - SAMPLE_WINDOW_MS]
+        expected = max((int(ms + clocks.mono - at) for at, ms in window), default=None)
+        assert clock.broker_lower_bound() == expected
+
+
+def test_a_steady_stream_of_samples_keeps_one_not_every_sample_of_the_window() -> None:
+    """Every loop observes once per batch: a worker under load adds tens of thousands of
+    samples a window, and a reading that scans them all stalled every loop (the bench's find)."""
+    clocks = Clocks(BROKER)
+    clock = guarded(clocks)
+    for _ in range(50_000):
+        clocks.advance(0)
+        clock.observe(BROKER + int(clocks.mono))  # the broker's clock, as steady as the worker's
+        clocks.mono += 0.2
+    assert len(clock._samples) <= 10  # (a sample is an int: equal worth up to a millisecond) not 50,000
+    assert clock.broker_lower_bound() is not None
