@@ -95,16 +95,18 @@ async def hop_throughput(
         denomination, due, moved = 1_000, past, "delivered"
     else:
         raise ValueError(f"unknown step {step!r}")
-    base = [
-        *HEADERS,
-        (h.REACTIVATE_TO_TOPIC, sink.encode()),
-        (h.REACTIVATE_AT, due),
-        (h.AWAKE_AT, past),
-        (h.ORIGINATED_AT, past),
-        (h.TIME_RETRIED, b"0"),
-    ]
+    # the headers the router writes on a record it admitted and hopped once (h.encode's order)
+    routed = h.DelayHeaders(
+        originated_at=now - 1000,
+        time_retried=0,
+        delayed_at=now - 1000,
+        reactivate_at=int(due),
+        reactivate_to_topic=sink,
+        awake_at=now - 1000,
+        delay_hops=1,
+    )
     topic = layout.delay_topic(denomination)
-    await preload(bootstrap, topic, count, lambda i: [*base, (h.RECORD_ID, f"id-{i}".encode())])
+    await preload(bootstrap, topic, count, lambda i: h.encode(routed._replace(record_id=f"id-{i}"), HEADERS))
     handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
     if profiler is not None and not callable(getattr(HopLoop, "_run", None)):
         # ProfiledHopLoop wraps the thread's loop by this name: a profile of nothing would look like a result

@@ -69,7 +69,7 @@ class TranslatingHandler(Handler):
         return self.inner.targets([t for t in translated if not isinstance(t, DeadLetter)], now=now)
 
     def lean(
-        self, value: bytes | None, size: int, headers: LeanHeaders, now: int, source: Callable[[], str]
+        self, value: bytes | None, size: int, headers: LeanHeaders, now: int, where: tuple[str, int], offset: int
     ) -> LeanOutput | Wait | None:
         """None: a compat source is an ingress, whose records the full path admits."""
         return None

@@ -145,12 +145,12 @@ class LeanStep:
         self._topic_of = topic_of
 
     def __call__(
-        self, headers: LeanHeaders, now: int, source: Callable[[], str]
+        self, headers: LeanHeaders, now: int, where: tuple[str, int], offset: int
     ) -> LeanHop | LeanDelivery | Wait | None:
-        """The record's next step at ``now``: a hop, a delivery, a :class:`Wait` for a record due
-        too soon to hop (held where it is), or None: the full path decides. ``headers`` is
-        changed in place only when a hop is answered; ``source()`` names where the record was
-        read (for a delivery's audit event)."""
+        """The next step at ``now`` of the record read at ``offset`` of partition ``where``
+        (topic, partition): a hop, a delivery, a :class:`Wait` for a record due too soon to hop
+        (held where it is), or None: the full path decides. ``headers`` is changed in place only
+        when a hop is answered."""
         due = valid = expire = throttled = hops = retried = delayed = None
         priority = False
         record_id: str | None = None
@@ -232,6 +232,7 @@ class LeanStep:
             return Wait(due)  # a hop this short would arrive after its due time: held here
         step = self.next_hop_ms(remaining)
         if step is None:
+            source = f"{where[0]}/{where[1]}/{offset}"
             return self._deliver(
                 headers, now, due, record_id, target, retried, hops, priority, throttled, delayed, source
             )
@@ -256,7 +257,7 @@ class LeanStep:
         priority: bool,
         throttled: int | None,
         delayed: int | None,
-        source: Callable[[], str],
+        source: str,
     ) -> LeanDelivery | None:
         """The delivery of a due record, or None when the full path must decide it."""
         if not self.deliveries:
@@ -272,7 +273,7 @@ class LeanStep:
             target,
             reactivate_at=due,
             lateness_ms=now - due,
-            source=source(),
+            source=source,
             priority=priority,
             throttled_until=throttled,
             delayed_at=delayed,

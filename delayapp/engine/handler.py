@@ -87,10 +87,10 @@ class Handler(Protocol):
         ...
 
     def lean(
-        self, value: bytes | None, size: int, headers: LeanHeaders, now: int, source: Callable[[], str]
+        self, value: bytes | None, size: int, headers: LeanHeaders, now: int, where: tuple[str, int], offset: int
     ) -> LeanOutput | Wait | None:
-        """The lean step of a delay topic's record (see :mod:`delayapp.core.hop`), or None:
-        :meth:`handle` decides."""
+        """The lean step of a delay topic's record read at ``offset`` of partition ``where``
+        (see :mod:`delayapp.core.hop`), or None: :meth:`handle` decides."""
         ...
 
     def refused(self, record: ConsumedRecord, verdict: DeadLetter, *, now: int, drop_value: bool = False) -> Output:
@@ -134,13 +134,14 @@ class RecordHandler(Handler):
         )
 
     def lean(
-        self, value: bytes | None, size: int, headers: LeanHeaders, now: int, source: Callable[[], str]
+        self, value: bytes | None, size: int, headers: LeanHeaders, now: int, where: tuple[str, int], offset: int
     ) -> LeanOutput | Wait | None:
-        """The lean step of a delay topic's record of ``size`` bytes, read at ``source()``, or
-        None: :meth:`handle` decides (a tombstone and an oversized record are refused there)."""
+        """The lean step of a delay topic's record of ``size`` bytes, read at ``offset`` of
+        partition ``where``, or None: :meth:`handle` decides (a tombstone and an oversized
+        record are refused there)."""
         if value is None or size > self.max_record_bytes:
             return None
-        return self._lean(headers, now, source)
+        return self._lean(headers, now, where, offset)
 
     def targets(self, records: Iterable[ConsumedRecord], *, now: int) -> set[str]:
         """The target topics ``records`` name (their ``reactivateToTopic``), read without decoding the rest."""

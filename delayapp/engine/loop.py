@@ -630,9 +630,7 @@ class HopLoop(Service):
         if not self.ingress and not self._careful:
             message = entry.record
             if isinstance(message, Message):  # the lean step: a hop or a delivery from raw headers
-                step = self.handler.lean(
-                    message.value(), entry.size, entry.headers, now, lambda: f"{key[0]}/{key[1]}/{entry.offset}"
-                )
+                step = self.handler.lean(message.value(), entry.size, entry.headers, now, key, entry.offset)
                 if step is not None:
                     return step
         return self.handler.handle(self._record(entry), now=now, ingress=self.ingress, max_wait_ms=self.max_wait_ms)

@@ -36,7 +36,7 @@ def handler(**kwargs) -> RecordHandler:
 
 
 def lean(handler: RecordHandler, headers: list, now: int = NOW, value: bytes | None = b"v"):
-    return handler.lean(value, 100, list(headers), now, lambda: "/".join(map(str, SOURCE)))
+    return handler.lean(value, 100, list(headers), now, SOURCE[:2], SOURCE[2])
 
 
 def full(handler: RecordHandler, headers: list, now: int = NOW, value: bytes | None = b"v"):
