@@ -65,7 +65,12 @@ def status_lines(state: dict[str, Any], now_ms: int) -> list[str]:
     """A record state from the worker's read model as ``name  value`` lines."""
     where = None
     if state.get("topic") is not None:
-        where = f"{state['topic']}/{state.get('partition')}/{state.get('offset')}"
+        # a step published without its write's report names the topic alone
+        where = (
+            state["topic"]
+            if state.get("offset") is None
+            else f"{state['topic']}/{state.get('partition')}/{state.get('offset')}"
+        )
     lateness = state.get("lateness_ms")
     cancel = state.get("cancel") or {}
     cancelled = None

@@ -148,7 +148,8 @@ async def test_schedule_delivers_and_status_reports(bootstrap: str) -> None:
         )
         assert re.search(rf"^target\s+{re.escape(target)}$", shown.out, re.M)
         assert re.search(r"^hops\s+\d+$", shown.out, re.M)  # the last sliver may be held in the worker: 2 or 3
-        assert re.search(rf"^where\s+{re.escape(target)}/\d+/\d+$", shown.out, re.M)
+        # a step is published without waiting for its write's report: the topic, not the offset
+        assert re.search(rf"^where\s+{re.escape(target)}$", shown.out, re.M)
 
         waiting_id = unique("later-")
         later = await cli(
@@ -173,7 +174,7 @@ async def test_schedule_delivers_and_status_reports(bootstrap: str) -> None:
             interval=0.5,
         )
         assert re.search(r"^next awake\s+\S+Z \(in \S+\)$", shown.out, re.M)
-        assert re.search(rf"^where\s+{re.escape(prefix)}\.delay\.3s\.priority/\d+/\d+$", shown.out, re.M)
+        assert re.search(rf"^where\s+{re.escape(prefix)}\.delay\.3s\.priority$", shown.out, re.M)
         as_json = orjson.loads((await cli(bootstrap, prefix, "--json", "status", record_id, "--url", url)).out)
         assert (as_json["record_id"], as_json["status"], as_json["target"]) == (record_id, "delivered", target)
         unknown = await cli(bootstrap, prefix, "status", "no-such-record", "--url", url)

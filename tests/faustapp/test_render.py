@@ -52,5 +52,7 @@ def test_status_lines() -> None:
     lines = status_lines(state, NOW)
     assert "status      waiting" in lines
     assert "where       delayapp.delay.30s/2/17" in lines
+    # a step published without its write's report (the record loops' steps) names the topic alone
+    assert "where       delayapp.delay.30s" in status_lines({**state, "partition": None, "offset": None}, NOW)
     assert "next awake  2026-11-18T11:07:10.000Z (in 30s)" in lines
     assert "reason      -" in lines
