@@ -148,6 +148,38 @@ def audit_seq(retries: int, hops: int, status: RecordStatus) -> int:
     return (retries * 1_000_000 + hops) * 10 + STAGE[status]
 
 
+def delivered(
+    record_id: str,
+    *,
+    at: int,
+    retries: int,
+    hops: int,
+    target: str,
+    due: int,
+    source: str,
+    priority: bool,
+    throttled_until: int | None,
+    delayed_at: int | None,
+) -> AuditEvent:
+    """The step of a record delivered to ``target`` at ``at``, due at ``due`` (the lean and the
+    full path build it here, so that they cannot differ)."""
+    return AuditEvent(
+        record_id,
+        RecordStatus.DELIVERED,
+        at,
+        audit_seq(retries, hops, RecordStatus.DELIVERED),
+        retries,
+        hops,
+        target,
+        reactivate_at=due,
+        lateness_ms=at - due,
+        source=source,
+        priority=priority,
+        throttled_until=throttled_until,
+        delayed_at=delayed_at,
+    )
+
+
 def published(audit: AuditEvent, *, entering: bool, every_hop: bool) -> bool:
     """True for the steps written to the audit stream and the read model: a record entering
     delayapp (its first hop, at ingress), and leaving it (delivered, dead-lettered,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Container
 from typing import NamedTuple
 
 from delayapp.core import headers as h
-from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
+from delayapp.core.audit import AuditEvent, delivered
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
 from delayapp.core.planner import Planner
@@ -263,16 +263,13 @@ class LeanStep:
         if not self.deliveries:
             return None
         retries = retried or 0
-        event = AuditEvent(
+        event = delivered(
             record_id,
-            RecordStatus.DELIVERED,
-            now,
-            audit_seq(retries, hops, RecordStatus.DELIVERED),
-            retries,
-            hops,
-            target,
-            reactivate_at=due,
-            lateness_ms=now - due,
+            at=now,
+            retries=retries,
+            hops=hops,
+            target=target,
+            due=due,
             source=source,
             priority=priority,
             throttled_until=throttled,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from delayapp.core import headers as h
-from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
+from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq, delivered
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
 from delayapp.core.hop import LeanDelivery, LeanHeaders, LeanHop, LeanStep
@@ -264,16 +264,13 @@ class RecordHandler(Handler):
             topic = self.layout.delay_topic(step.hop.denomination_ms, priority=new.is_priority and self.priority_lane)
             return [Output(topic, record.key, record.value, h.encode(new, passthrough), event)]
         assert isinstance(step, Deliver)
-        event = AuditEvent(
+        event = delivered(
             state.record_id or source,
-            RecordStatus.DELIVERED,
-            now,
-            audit_seq(retries, hops, RecordStatus.DELIVERED),
-            retries,
-            hops,
-            step.topic,
-            reactivate_at=step.due_ms,
-            lateness_ms=now - step.due_ms,
+            at=now,
+            retries=retries,
+            hops=hops,
+            target=step.topic,
+            due=step.due_ms,
             source=source,
             priority=state.is_priority,
             throttled_until=throttled_until,
