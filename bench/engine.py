@@ -28,7 +28,7 @@ from delayapp.dev.chaos.procs import TopicCollector, WorkerProcess, embedded_bro
 from delayapp.engine.bootstrap import bootstrap_topics
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.loop import HopLoop
-from delayapp.engine.service import build_policy
+from delayapp.engine.service import build_policy, tune_collector
 from delayapp.settings import load_settings
 
 
@@ -122,6 +122,7 @@ async def hop_throughput(
         states_topic=layout.record_states if audit else None,
         max_wait_ms=denomination,
     )
+    tune_collector()  # as the worker does once its engine is built
     await loop.start()
     try:
         await wait_for(lambda: loop.stats.consumed > 0, 60, f"{loop.name} to fetch its first batch", 0.002)
