@@ -7,10 +7,41 @@ offsets); oldest due times, throughput and lateness are this worker's, over a re
 from __future__ import annotations
 
 import math
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from delayapp.core.audit import RecordStatus
+
+RECENT_EVENTS = 50_000  # per loop, for windowed throughput and lateness percentiles
+
+
+@dataclass
+class LoopStats:
+    """Counters one loop exposes (web views and metrics read them, from another thread: readers
+    copy ``recent`` and the counters before iterating).
+
+    ``recent`` holds (epoch ms, status, lateness ms or None) of the latest outputs, for
+    throughput and lateness percentiles over a recent window."""
+
+    consumed: int = 0
+    hops: int = 0
+    delivered: int = 0
+    dead_lettered: int = 0
+    cancelled: int = 0
+    throttled: int = 0
+    waits: int = 0
+    rebalances: int = 0
+    restarts: int = 0
+    commits: int = 0
+    stalls: int = 0
+    rewinds: int = 0
+    fenced: int = 0  # exactly_once transactions aborted because the group had replaced this member (KIP-447)
+    skipped_by_retention: int = 0  # records deleted by retention before they were forwarded (an alarm)
+    delivered_by_target: Counter[str | None] = field(default_factory=Counter)
+    dead_letters_by_reason: Counter[str | None] = field(default_factory=Counter)
+    recent: deque[tuple[int, str, int | None]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
 
 
 def percentile(sorted_values: Sequence[int], fraction: float) -> int | None:

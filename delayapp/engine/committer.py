@@ -1,0 +1,394 @@
+"""The committer of a hop loop: when a decided batch's writes count as done, and what is
+committed then, under each processing guarantee.
+
+One interface, two implementations, as Kafka Streams' ``TaskManager`` commits through the
+``RecordCollector``'s producer:
+
+- :class:`AtLeastOnceCommitter`: batches are written without waiting; at a point where every
+  write in flight is acknowledged (the producer's queue is empty) the steps of those writes are
+  published, and at the next such point, once the steps are acknowledged too, the batches are
+  committed. A failed write rewinds every partition in flight to its commit.
+- :class:`ExactlyOnceCommitter`: one transaction spans the batches of up to ``commit_interval``
+  and holds their records, their steps and their consumed offsets (with the group's metadata,
+  KIP-447: a member the group has replaced can never commit); it is committed as soon as the
+  loop is idle, or aborted and its partitions rewound.
+
+A committer lives as long as the loop's clients: the loop builds one each time it opens them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from delayapp.core.clock import GuardedClock
+from delayapp.core.partition import AssignedPartitions, PartitionKey
+from delayapp.engine.stats import LoopStats
+from delayapp.engine.writer import Writer
+from delayapp.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ACK_POLL_MS = 1  # while writes are in flight: how often their acknowledgements are served
+MAX_IN_FLIGHT_BATCHES = 16  # beyond this the loop waits for acknowledgements before fetching more
+DRAIN_AFTER_MS = 200  # at_least_once: the oldest batch in flight this old, the loop waits for all to be acknowledged
+FAILED_WRITE_PAUSE_S = 0.2  # at_least_once: after a failed write, before fetching again
+
+# Group errors that mean another member owns the partitions now (KIP-447 fencing).
+_FENCING_CODES = {
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+    KafkaError.FENCED_INSTANCE_ID,
+    KafkaError.REBALANCE_IN_PROGRESS,
+}
+
+Offsets = dict[PartitionKey, tuple[int, str]]
+"""Commit points: (topic, partition) → (next offset, released-ahead metadata)."""
+
+
+class EmitTimeout(Exception):
+    """Writing a batch and committing took longer than ``emit_timeout``; the loop reopens."""
+
+    retriable = True
+
+
+class Fenced(Exception):
+    """exactly_once: this member is not the group's member any more; its transaction aborts."""
+
+    retriable = True
+
+
+@dataclass(eq=False)
+class Batch:
+    """The commit points and partitions of one decide pass whose writes are in flight."""
+
+    offsets: Offsets
+    partitions: set[PartitionKey]  # every partition it released records of or commits
+    started_s: float
+
+
+class Committer:
+    """What the loop asks of a committer (see the module); the state of the batches in flight."""
+
+    def __init__(
+        self,
+        *,
+        label: str,
+        producer: Producer,
+        consumer: Consumer,
+        writer: Writer,
+        parts: AssignedPartitions,
+        state_lock: threading.Lock,
+        stats: LoopStats,
+        settings: Settings,
+        clock: GuardedClock,
+        rewind: Callable[[set[PartitionKey]], None],
+        pause: Callable[[float], object],
+    ) -> None:
+        self.label = label
+        self.producer = producer
+        self.consumer = consumer
+        self.writer = writer
+        self.parts = parts
+        self.state_lock = state_lock
+        self.stats = stats
+        self.settings = settings
+        self.clock = clock
+        self.rewind = rewind  # fetch these partitions again from their commits
+        self.pause = pause  # wait this many seconds, or less if the loop stops meanwhile
+        self.in_flight: deque[Batch] = deque()
+
+    def poll_limit_ms(self, idle_ms: int) -> int:
+        """How long the loop's fetch may block (``idle_ms`` when nothing is in flight): not
+        while writes await their acknowledgements, which are served between fetches."""
+        return ACK_POLL_MS if self.in_flight else idle_ms
+
+    @property
+    def full(self) -> bool:
+        """True when the loop must settle what is in flight before fetching more."""
+        return False
+
+    def begin(self, offsets: Offsets, partitions: set[PartitionKey]) -> None:
+        """A decided batch with commit points ``offsets``, touching ``partitions``, is about to be written."""
+        self.in_flight.append(Batch(offsets, partitions | set(offsets), time.monotonic()))
+
+    def after_pass(self, *, idle: bool) -> None:
+        """After each pass of the loop (``idle``: it decided nothing): acknowledge and commit what may be."""
+        raise NotImplementedError
+
+    def settle(self, *, wait_s: float) -> None:
+        """Serve acknowledgements for up to ``wait_s`` and commit what may be."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Settle everything in flight now and commit it (before a rebalance or a stop)."""
+        raise NotImplementedError
+
+    def abandon(self) -> None:
+        """Drop what is in flight without committing it (the new owners redo it)."""
+        self.drop()
+        self.writer.write_error = None
+
+    def discard(self) -> None:
+        """After a failure: forget what is in flight, with no word to the broker (an open
+        transaction is aborted by the broker when the next producer with its id starts)."""
+        self.drop()
+        self.writer.write_error = None
+
+    def drop(self) -> set[PartitionKey]:
+        """Forget every write in flight and every step not yet published; their partitions."""
+        partitions: set[PartitionKey] = set().union(*(b.partitions for b in self.in_flight))
+        self.in_flight.clear()
+        self.writer.drop_unpublished()
+        return partitions
+
+    def _redo(self, error: KafkaError | None) -> set[PartitionKey]:
+        """Drop the batches in flight and return their partitions, whose redo is careful when
+        ``error`` refused a record for good."""
+        partitions = self.drop()
+        if error is not None:
+            self.writer.redo_carefully(error, partitions)
+        return partitions
+
+    def _committed_to(self, offsets: Offsets) -> None:
+        with self.state_lock:
+            self.parts.committed_to(offsets)
+        self.writer.committed_past(offsets)
+        self.stats.commits += 1
+
+
+class AtLeastOnceCommitter(Committer):
+    """Commits batches once their writes and then their steps are acknowledged (see the module)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.audited: deque[Batch] = deque()  # batches whose steps are written, committed once acknowledged
+
+    def poll_limit_ms(self, idle_ms: int) -> int:
+        return ACK_POLL_MS if self.in_flight or self.audited else idle_ms
+
+    @property
+    def full(self) -> bool:
+        return len(self.in_flight) >= MAX_IN_FLIGHT_BATCHES
+
+    def after_pass(self, *, idle: bool) -> None:
+        self.settle(wait_s=0)
+
+    def settle(self, *, wait_s: float) -> None:
+        """Serve librdkafka's reports; at a point where every write in flight is acknowledged
+        (the producer's queue is empty), publish the steps of the batches written so far and
+        commit the batches whose steps were published at the point before; a failed write
+        rewinds every partition in flight.
+
+        While records keep arriving the queue need not empty by itself: once the oldest batch
+        in flight is ``DRAIN_AFTER_MS`` old (or too many are in flight), the loop waits for the
+        queue to drain, so acknowledging costs one round trip per drain, not per batch."""
+        producer = self.producer
+        producer.poll(wait_s)
+        if self.writer.write_error is not None:
+            self._fail()
+            return
+        oldest = self.audited[0] if self.audited else self.in_flight[0] if self.in_flight else None
+        if oldest is None:
+            return
+        oldest_s = time.monotonic() - oldest.started_s
+        left_s = self.settings.emit_timeout / 1000 - oldest_s
+        if left_s <= 0 or (
+            len(producer)
+            and (oldest_s * 1000 >= DRAIN_AFTER_MS or len(self.in_flight) >= MAX_IN_FLIGHT_BATCHES)
+            and producer.flush(left_s) > 0
+        ):
+            raise EmitTimeout(f"writing a batch and committing took over {self.settings.emit_timeout} ms")
+        if len(producer):
+            return  # not drained yet, and not due to be
+        if self.writer.write_error is not None:  # reported while draining
+            self._fail()
+            return
+        self._commit(self._acknowledged())
+
+    def finish(self) -> None:
+        # 1. every write acknowledged; 2. the steps of those writes published and acknowledged;
+        # 3. then the commit. A failure anywhere leaves it to the next owner to redo.
+        done: Offsets = {}
+        for _ in range(2):
+            self.producer.flush(self.settings.emit_timeout / 1000)
+            if self.writer.write_error is not None or len(self.producer):
+                self.writer.write_error = None
+                self.drop()
+                return
+            done.update(self._acknowledged())
+        self._commit(done, wait=True)
+
+    def drop(self) -> set[PartitionKey]:
+        partitions = set().union(*(b.partitions for b in self.audited))
+        self.audited.clear()
+        return partitions | super().drop()
+
+    def _acknowledged(self) -> Offsets:
+        """At a point where every write in flight is acknowledged: publish the steps of the
+        batches in flight, and return the commit points of the batches that may be committed
+        now (merged in order: later ones win): those whose steps were published at the point
+        before, and the batches in flight when they have no step to publish."""
+        done: Offsets = {}
+        for batch in self.audited:
+            done.update(batch.offsets)
+        self.audited.clear()
+        if self.writer.publish_unpublished():
+            self.audited.extend(self.in_flight)  # committed once their steps are acknowledged
+        else:
+            for batch in self.in_flight:
+                done.update(batch.offsets)
+        self.in_flight.clear()
+        return done
+
+    def _commit(self, offsets: Offsets, *, wait: bool = False) -> None:
+        """Commit ``offsets`` (with their released-ahead metadata)."""
+        with self.state_lock:
+            offsets = {key: point for key, point in offsets.items() if key in self.parts.parts}
+        if not offsets:
+            return
+        points = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
+        if wait:
+            self.consumer.commit(offsets=points, asynchronous=False)
+        else:
+            self.consumer.commit(offsets=points, asynchronous=True)
+        self._committed_to(offsets)
+
+    def _fail(self) -> None:
+        """A write failed: let everything in flight finish, then fetch every partition in flight
+        again from its commit (what was written is written again)."""
+        self.producer.flush(self.settings.emit_timeout / 1000)
+        error, self.writer.write_error = self.writer.write_error, None
+        assert error is not None
+        partitions = self._redo(error)
+        if error.fatal():
+            raise KafkaException(error)
+        log.warning("%s: writing a batch failed (%s); rewinding its partitions", self.label, error)
+        self.rewind(partitions)
+        self.pause(FAILED_WRITE_PAUSE_S)
+
+
+class ExactlyOnceCommitter(Committer):
+    """Commits a transaction holding the batches' records, steps and offsets (see the module)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.txn_open_since: float | None = None  # monotonic s the open transaction began
+        self.txn_member: str | None = None  # the member id that opened it
+
+    def poll_limit_ms(self, idle_ms: int) -> int:
+        # the open transaction's commit is served between polls
+        return 0 if self.txn_open_since is not None else super().poll_limit_ms(idle_ms)
+
+    def begin(self, offsets: Offsets, partitions: set[PartitionKey]) -> None:
+        if self.txn_open_since is None:
+            # the member that opens the transaction is the only one that may commit it (KIP-447)
+            self.txn_member = self.consumer.memberid()
+            self.producer.begin_transaction()
+            self.txn_open_since = time.monotonic()
+        super().begin(offsets, partitions)
+
+    def after_pass(self, *, idle: bool) -> None:
+        """Commit the open transaction when the loop is idle, or when it has been open
+        ``commit_interval``, or holds many batches."""
+        if self.txn_open_since is None:
+            return
+        self.producer.poll(0)
+        with self.state_lock:
+            ready = self.parts.ready(self.clock())
+        open_s = time.monotonic() - self.txn_open_since
+        if (
+            (idle and not ready)
+            or open_s * 1000 >= self.settings.commit_interval
+            or len(self.in_flight) >= MAX_IN_FLIGHT_BATCHES
+        ):
+            self._commit_transaction()
+
+    def settle(self, *, wait_s: float) -> None:
+        self.producer.poll(wait_s)
+        self.after_pass(idle=False)
+
+    def finish(self) -> None:
+        if self.txn_open_since is not None:
+            self._commit_transaction()
+
+    def abandon(self) -> None:
+        was_open = self.txn_open_since is not None
+        super().abandon()
+        if was_open:
+            try:
+                self.producer.abort_transaction(self.settings.emit_timeout / 1000)
+            except KafkaException as exc:
+                log.warning("%s: abort failed (%s)", self.label, exc)
+
+    def drop(self) -> set[PartitionKey]:
+        # after a failure nothing in flight is committed; an open transaction is aborted by the
+        # broker when the next producer with this transactional id starts
+        self.txn_open_since = None
+        return super().drop()
+
+    def _commit_transaction(self) -> None:
+        """Flush the transaction's writes, then commit it with the offsets of every partition
+        it touched, as the member that opened it (KIP-447), or abort it and rewind."""
+        producer, consumer = self.producer, self.consumer
+        timeout_s = self.settings.emit_timeout / 1000
+        # 1. every write acknowledged (audit events are written with their records)
+        if producer.flush(timeout_s) > 0:
+            raise EmitTimeout(f"writing a transaction's records took over {self.settings.emit_timeout} ms")
+        partitions = set().union(*(b.partitions for b in self.in_flight))
+        with self.state_lock:
+            offsets = self.parts.current_points(partitions)
+        try:
+            if self.writer.write_error is not None:
+                raise KafkaException(self.writer.write_error)
+            # 2. the member that decided these batches must still be the group's member
+            member = consumer.memberid()
+            if not member or member != self.txn_member:
+                raise Fenced(f"member {self.txn_member!r} is not the group's member any more ({member!r})")
+            # 3. offsets with the group's generation: the coordinator refuses them if the
+            #    group has moved on, and the whole transaction aborts
+            if offsets:
+                producer.send_offsets_to_transaction(
+                    [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()],
+                    consumer.consumer_group_metadata(),
+                    timeout_s,
+                )
+            producer.commit_transaction(timeout_s)
+        except (KafkaException, Fenced) as exc:
+            self._abort(exc)
+            return
+        finally:
+            self.in_flight.clear()
+            self.txn_open_since = None
+        self._committed_to(offsets)
+
+    def _abort(self, exc: Exception) -> None:
+        error = (
+            exc.args[0]
+            if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError)
+            else None
+        )
+        if error is not None and error.fatal():
+            raise exc
+        if error is not None and error.code() == KafkaError._TIMED_OUT:
+            raise EmitTimeout(f"committing a transaction took over {self.settings.emit_timeout} ms") from exc
+        fenced = isinstance(exc, Fenced) or (error is not None and error.code() in _FENCING_CODES)
+        if fenced:
+            self.stats.fenced += 1
+        write_error, self.writer.write_error = self.writer.write_error, None
+        partitions = self._redo(write_error)
+        log.warning(
+            "%s: transaction aborted (%s); rewinding its partitions%s",
+            self.label,
+            exc,
+            " (a rebalance follows)" if fenced else "",
+        )
+        self.producer.abort_transaction(self.settings.emit_timeout / 1000)
+        self.rewind(partitions)

@@ -1,0 +1,98 @@
+"""The liveness check of a hop loop: partitions that should make progress and do not.
+
+Once a second the check re-asserts the pause state the loop owns (a pause nobody asked for would
+otherwise stall a partition), then asks the partition state machine
+(:meth:`delayapp.core.partition.AssignedPartitions.stuck`) why each partition that made no
+progress for ``liveness_threshold`` is idle. A partition stuck for a reason the loop knows for
+certain is rewound (fetched again from its commit); stuck again soon after, the loop reopens
+its clients (:class:`LoopStalled`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from delayapp.core.clock import GuardedClock
+from delayapp.core.partition import AssignedPartitions, PartitionKey
+from delayapp.engine.stats import LoopStats
+
+log = logging.getLogger(__name__)
+
+WATCHDOG_S = 1.0
+
+
+class LoopStalled(Exception):
+    """A partition made no progress while it should have, even after a rewind; the loop reopens."""
+
+    retriable = True
+
+
+class LivenessCheck:
+    """Finds one loop's stalled partitions (see the module); :meth:`check` runs on the loop's thread."""
+
+    def __init__(
+        self,
+        *,
+        label: str,
+        parts: AssignedPartitions,
+        state_lock: threading.Lock,
+        stats: LoopStats,
+        clock: GuardedClock,
+        threshold_ms: int,
+        rewind: Callable[[set[PartitionKey]], None],
+    ) -> None:
+        self.label = label
+        self.parts = parts
+        self.state_lock = state_lock
+        self.stats = stats
+        self.clock = clock
+        self.threshold_s = threshold_ms / 1000
+        self.rewind = rewind
+        self._recently_stalled: dict[PartitionKey, float] = {}
+        self._next_s = 0.0
+
+    def check(self, consumer: Consumer) -> None:
+        """Once a second: find partitions that should make progress and do not (see the module)."""
+        now_s = time.monotonic()
+        if now_s < self._next_s:
+            return
+        self._next_s = now_s + WATCHDOG_S
+        with self.state_lock:
+            served, paused = list(self.parts.parts), set(self.parts.paused)
+        fetching = [TopicPartition(t, p) for t, p in served if (t, p) not in paused]
+        if fetching:
+            consumer.resume(fetching)
+        threshold_s, now = self.threshold_s, self.clock()
+        stalled = set()
+        for key in served:
+            with self.state_lock:
+                part = self.parts.parts.get(key)
+                if part is None or now_s - part.progress_s <= threshold_s or part.waiting(now):
+                    continue
+            # under read_committed librdkafka reports the last stable offset as the end
+            try:
+                _, end = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+            except KafkaException:
+                end = None
+            with self.state_lock:
+                why = self.parts.stuck(key, now, end if end is not None and end >= 0 else None)
+                if why:
+                    part.progress_s = now_s
+            if why:
+                self.stats.stalls += 1
+                stalled.add(key)
+                log.warning(
+                    "%s: partition %s made no progress for %.0f s: %s; recovering", self.label, key, threshold_s, why
+                )
+        if stalled:
+            again = {key for key in stalled if now_s - self._recently_stalled.get(key, -1e9) < 3 * threshold_s}
+            if again:
+                raise LoopStalled(f"no progress on {', '.join(map(str, sorted(again)))} even after a rewind")
+            for key in stalled:
+                self._recently_stalled[key] = now_s
+            self.rewind(stalled)

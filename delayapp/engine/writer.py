@@ -1,0 +1,347 @@
+"""The writer of a hop loop: hands a decided batch's records and the audit events of its steps
+to librdkafka, learns which writes failed, and dead-letters what a target refuses for good.
+
+No callback runs per record on the common path: librdkafka reports only a failed write
+(``delivery.report.only.error``), which fails every write in flight (the committer rewinds
+them). After a refusal for good the redo is *careful*: until the partitions it covers are
+committed past where they stood, each write names its record, so that the one refused is found
+and dead-lettered, alone.
+
+A writer lives as long as the loop's producer: the loop builds one each time it opens its clients.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from functools import partial
+from itertools import repeat
+from typing import cast
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from delayapp.core.audit import AuditEvent, RecordStatus, published
+from delayapp.core.clock import GuardedClock, now_ms
+from delayapp.core.hop import LeanDelivery, LeanHeaders, LeanHop
+from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending
+from delayapp.core.policies import DeadLetter, Reason
+from delayapp.engine.handler import Handler, LeanOutput, Output, OutputHeaders
+from delayapp.engine.intake import as_record
+from delayapp.engine.stats import LoopStats
+
+log = logging.getLogger(__name__)
+
+# One loop at a time runs the handler and accounts for outputs: the handler (its rate-limit
+# slots, the router's first-seen times) and the metrics observer are shared by every loop of a
+# worker, and each loop runs in a thread of its own. Deciding is pure Python under the GIL
+# anyway, so this costs no parallelism; librdkafka's I/O runs outside it.
+DECIDING = threading.Lock()
+
+# Refusals of this record, whoever retries: too large, malformed, not allowed to write there.
+_REFUSED_FOR_GOOD = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_MSG_SIZE,
+    KafkaError.INVALID_MSG,
+    KafkaError.INVALID_RECORD,
+    KafkaError.TOPIC_EXCEPTION,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.POLICY_VIOLATION,
+    KafkaError._INVALID_ARG,
+}
+
+Decided = list[tuple[PartitionKey, Pending, list[Output] | LeanOutput]]
+"""A decide pass's records with their outputs, in order."""
+
+
+def refused_for_good(error: KafkaError) -> bool:
+    """True for a write error about this record that no retry can fix (dead-letter it); False
+    for everything else (timeouts, a leader moving, a topic whose metadata is missing for now),
+    which is retried."""
+    return error.code() in _REFUSED_FOR_GOOD
+
+
+class Writer:
+    """Writes one loop's decided batches and the audit events of their steps (see the module).
+
+    ``publish_now`` (exactly_once) writes a step's events with its record, in the transaction;
+    otherwise they wait in :attr:`unpublished` until the committer knows the record's write was
+    acknowledged (:meth:`publish_unpublished`)."""
+
+    def __init__(
+        self,
+        *,
+        label: str,
+        producer: Producer,
+        handler: Handler,
+        parts: AssignedPartitions,
+        state_lock: threading.Lock,
+        stats: LoopStats,
+        clock: GuardedClock,
+        audit_topic: str | None,
+        states_topic: str | None,
+        ingress: bool,
+        audit_hops: bool,
+        publish_now: bool,
+        observer: Callable[[AuditEvent], None] | None = None,
+        hops_observer: Callable[[int], None] | None = None,
+        target_failed: Callable[[str], None] | None = None,
+    ) -> None:
+        self.label = label
+        self.producer = producer
+        self.handler = handler
+        self.parts = parts
+        self.state_lock = state_lock
+        self.stats = stats
+        self.clock = clock
+        self.audit_topic = audit_topic
+        self.states_topic = states_topic  # record-states: each audit event again, compacted by record id
+        self.ingress = ingress
+        self.audit_hops = audit_hops
+        self.publish_now = publish_now
+        self.observer = observer  # metrics: every audit event written
+        self.hops_observer = hops_observer  # metrics: the number of lean hops of each batch
+        self.target_failed = target_failed  # a target a write to which failed: perhaps gone
+        self.write_error: KafkaError | None = None  # the first failed write in flight (librdkafka's report)
+        # exactly_once: records a target refused in an aborted transaction, dead-lettered on the redo
+        self.refused: dict[tuple[PartitionKey, int], DeadLetter] = {}
+        # at_least_once: steps of the writes in flight, published once those are acknowledged
+        self.unpublished: list[tuple[str | None, AuditEvent]] = []
+        self.unwritten: set[int] = set()  # ids of those steps whose write was refused (never published)
+        # careful mode (each write names its record) per partition, until committed past this offset
+        self.careful_until: dict[PartitionKey, int] = {}
+
+    @property
+    def careful(self) -> bool:
+        """True while a write refused for good is being redone: each write then names its record."""
+        return bool(self.careful_until)
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    def emit(self, batch: Decided) -> None:
+        """Hand a batch's writes, and the audit events of its published steps, to librdkafka at
+        once; they are acknowledged as a whole by the committer."""
+        careful, produce, hops = self.careful, self.producer.produce, 0
+        for key, entry, outputs in batch:
+            kind = type(outputs)
+            if kind is LeanHop or kind is LeanDelivery:  # the fetched record, with the headers the step wrote
+                step = cast(LeanOutput, outputs)
+                headers = cast("list[tuple[str, str | bytes | None]]", step.headers)  # as the stub wants it
+                message = entry.record
+                try:
+                    if careful:
+                        written = partial(self._write_failed, key, entry, step.topic, getattr(step, "audit", None))
+                        produce(step.topic, message.value(), message.key(), headers=headers, on_delivery=written)
+                    else:
+                        produce(step.topic, message.value(), message.key(), headers=headers)
+                except (BufferError, KafkaException):  # the queue is full, or refused before queuing
+                    written = partial(self._write_failed, key, entry, step.topic, getattr(step, "audit", None))
+                    self.produce(step.topic, message.value(), message.key(), step.headers, written)
+                if kind is LeanHop:
+                    hops += 1
+                else:
+                    self.account(step.topic, cast(LeanDelivery, step).audit)
+                continue
+            for output in cast("list[Output]", outputs):
+                if output.topic is not None:  # None: cancelled, nothing to write but its audit event
+                    written_for: Callable[[KafkaError | None, Message | None], None] | None = None
+                    if output.topic == self.handler.layout.dead_letter:
+                        written_for = partial(self._dead_letter_failed, entry, output)
+                    elif careful:
+                        written_for = partial(self._write_failed, key, entry, output.topic, output.audit)
+                    self.produce(output.topic, output.value, output.key, output.headers, written_for)
+                if output.audit is not None:
+                    self.account(output.topic, output.audit)
+        if hops:
+            self._count_hops(hops)
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: OutputHeaders | LeanHeaders | None,
+        on_error: Callable[[KafkaError | None, Message | None], None] | None = None,
+    ) -> None:
+        """Queue one write; ``on_error`` is told if it fails (None: :meth:`delivery_failed` is)."""
+        producer = self.producer
+        # the stub asks for list[tuple[str, str | bytes | None]]; ours holds a narrower value type,
+        # which mypy refuses only because lists are invariant
+        librdkafka_headers = cast("list[tuple[str, str | bytes | None]] | None", headers)
+        while True:
+            try:
+                if on_error is None:
+                    producer.produce(topic, value, key, headers=librdkafka_headers)
+                else:
+                    producer.produce(topic, value, key, headers=librdkafka_headers, on_delivery=on_error)
+                return
+            except BufferError:  # librdkafka's queue is full: serve acknowledgements, then try again
+                producer.poll(0.005)
+            except KafkaException as exc:  # refused before queuing (too large, an invalid topic...)
+                (on_error or self.delivery_failed)(exc.args[0], None)
+                return
+
+    # -- failures (librdkafka calls these from poll() and flush(), on the loop's thread) -------------
+
+    def delivery_failed(self, error: KafkaError | None, message: Message | None) -> None:
+        """librdkafka's report of a failed write (no report comes for one that succeeded): the
+        writes in flight fail as a whole and are redone from their partitions' commits; a
+        refusal of the record itself makes the redo careful, so that it finds the record."""
+        if error is None:
+            return
+        topic = message.topic() if message is not None else None
+        if topic is not None and self.target_failed is not None:
+            self.target_failed(topic)  # perhaps gone: checked again
+        if self.write_error is None:
+            self.write_error = error
+
+    def _write_failed(
+        self,
+        key: PartitionKey,
+        entry: Pending,
+        topic: str,
+        audit: AuditEvent | None,
+        error: KafkaError | None,
+        message: Message | None,
+    ) -> None:
+        """Careful mode: a write of ``entry``'s record (whose step is ``audit``) failed. A refusal
+        for good sends the record to the dead letters (without its value if even that is
+        refused), pointing at the consumed record, and its step is never published; anything
+        that may succeed later fails the writes in flight, which are redone."""
+        if error is None:
+            return
+        if not refused_for_good(error):
+            self.delivery_failed(error, message)
+            return
+        if audit is not None:
+            self.unwritten.add(id(audit))
+        log.warning("%s: %s refused a record (%s); dead-lettering it", self.label, topic, error.name())
+        verdict = DeadLetter(Reason.UNDELIVERABLE, f"writing to {topic} failed: {error.name()}")
+        if self.publish_now:  # exactly_once: the transaction must abort; the redo dead-letters the record
+            self.refused[(key, entry.offset)] = verdict
+            if self.write_error is None:
+                self.write_error = error
+            return
+        self._dead_letter(entry, verdict, drop_value=False)
+
+    def _dead_letter(self, entry: Pending, verdict: DeadLetter, *, drop_value: bool) -> None:
+        """Write the dead-letter copy of ``entry``'s record, and its audit event."""
+        record = as_record(entry)
+        with DECIDING:
+            dead = self.handler.refused(record, verdict, now=self.clock(), drop_value=drop_value)
+        assert dead.topic is not None  # a dead letter always goes to the dead-letter topic
+        self.produce(dead.topic, dead.value, dead.key, dead.headers, partial(self._dead_letter_failed, entry, dead))
+        assert dead.audit is not None  # a dead letter's step is always published
+        self.account(dead.topic, dead.audit)
+
+    def _dead_letter_failed(
+        self, entry: Pending, dead: Output, error: KafkaError | None, message: Message | None
+    ) -> None:
+        """A dead letter failed: refused for its size, it is written again without its value;
+        anything else fails the writes in flight, which are redone."""
+        if error is None:
+            return
+        if refused_for_good(error) and dead.value is not None:  # a dead letter without its value has none
+            if dead.audit is not None:
+                self.unwritten.add(id(dead.audit))
+            verdict = DeadLetter(Reason.UNDELIVERABLE, f"writing to {dead.topic} failed: {error.name()}")
+            self._dead_letter(entry, verdict, drop_value=True)
+            return
+        self.delivery_failed(error, message)
+
+    def redo_carefully(self, error: KafkaError, partitions: set[PartitionKey]) -> None:
+        """When ``error`` refuses a record for good, the redo of ``partitions`` (whose writes
+        were dropped) is careful until it is committed past where they stood, so that the
+        refused record is found and dead-lettered."""
+        if not refused_for_good(error):
+            return
+        with self.state_lock:
+            for key in partitions:
+                part = self.parts.parts.get(key)
+                if part is not None:
+                    reached = part.queue[-1].offset + 1 if part.queue else part.next_offset or 0
+                    self.careful_until[key] = max(self.careful_until.get(key, 0), reached)
+
+    def committed_past(self, offsets: dict[PartitionKey, tuple[int, str]]) -> None:
+        """Careful mode ends once every partition it covers is committed past where it began."""
+        if self.careful_until:
+            for key, (offset, _) in offsets.items():
+                if offset >= self.careful_until.get(key, offset):
+                    self.careful_until.pop(key, None)
+
+    def forget(self, keys: list[PartitionKey]) -> None:
+        """Partitions no longer served: careful mode does not cover them any more."""
+        for key in keys:
+            self.careful_until.pop(key, None)
+
+    # -- the steps ------------------------------------------------------------------------------------
+
+    def account(self, topic: str | None, audit: AuditEvent) -> None:
+        """Count a step and publish its audit event (written to ``topic``; None: nothing was written).
+
+        Under exactly_once the event is written at once, in the transaction of the write it
+        goes with. Under at_least_once it is written once that write is acknowledged, at the
+        next point where every write in flight is (see
+        :class:`delayapp.engine.committer.AtLeastOnceCommitter`), and the batch is committed
+        only once the event is acknowledged in turn: a step the read model shows has happened,
+        and a step that happened is never missed (a redone step is written again, with the same
+        seq). No batch waits for this: the events ride with later batches. The event names the
+        topic the record was written to; its partition and offset are known only from a report
+        per record, which the loop does without: they are left null."""
+        self._count(audit)
+        if (self.audit_topic or self.states_topic) and published(
+            audit, entering=self.ingress, every_hop=self.audit_hops
+        ):
+            if self.publish_now:
+                self.publish(topic, audit)
+            else:
+                self.unpublished.append((topic, audit))
+
+    def publish(self, topic: str | None, audit: AuditEvent) -> None:
+        """Write ``audit`` to the audit stream and the record-states topic."""
+        encoded, record_id = audit.encode(topic, None, None), audit.record_id.encode()
+        for stream in (self.audit_topic, self.states_topic):
+            if stream:
+                self.produce(stream, encoded, record_id, None)
+
+    def publish_unpublished(self) -> bool:
+        """at_least_once, once every write in flight is acknowledged: publish the steps they
+        took (not those whose write was refused: they never happened); True if there were any."""
+        if not self.unpublished:
+            return False
+        unwritten = self.unwritten
+        for topic, audit in self.unpublished:
+            if id(audit) not in unwritten:
+                self.publish(topic, audit)
+        self.drop_unpublished()
+        return True
+
+    def drop_unpublished(self) -> None:
+        """Forget the steps not yet published (their writes are redone, and so are they)."""
+        self.unpublished.clear()
+        self.unwritten.clear()
+
+    def _count_hops(self, hops: int) -> None:
+        """Count ``hops`` lean hops of one batch."""
+        stats = self.stats
+        stats.hops += hops
+        stats.recent.extend(repeat((now_ms(), RecordStatus.WAITING, None), hops))
+        if self.hops_observer is not None:
+            self.hops_observer(hops)
+
+    def _count(self, audit: AuditEvent) -> None:
+        stats = self.stats
+        if audit.status == RecordStatus.WAITING:
+            stats.hops += 1
+        elif audit.status == RecordStatus.DELIVERED:
+            stats.delivered += 1
+            stats.throttled += audit.throttled_until is not None
+            stats.delivered_by_target[audit.target] += 1
+        elif audit.status == RecordStatus.CANCELLED:
+            stats.cancelled += 1
+        else:
+            stats.dead_lettered += 1
+            stats.dead_letters_by_reason[audit.reason] += 1
+        stats.recent.append((audit.at, audit.status, audit.lateness_ms))
+        if self.observer is not None:
+            self.observer(audit)
