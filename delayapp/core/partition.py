@@ -367,13 +367,15 @@ class AssignedPartitions:
                 heads[key] = part.wait_until or min((a for a in waiting if a is not None), default=None)
         return heads
 
-    def stuck(self, key: PartitionKey, now: int, end: int | None) -> str | None:
+    def stuck(self, key: PartitionKey, now: int, end: int | None, *, arriving: bool = False) -> str | None:
         """Why ``key`` should have made progress, or None when it is idle for a good reason.
 
         Only what the loop knows for certain counts: a due record it holds and did not handle,
         or an ``end`` of the log (as the last fetch response reported it: under read_committed,
         the last stable offset, so another producer's open transaction is not a stall) beyond
-        the position while nothing arrives and the partition is not paused."""
+        the position while nothing arrives and the partition is not paused. ``arriving``: the
+        loop's other partitions are receiving records, so the fetcher works and this one waits
+        its turn behind their backlog (busy, not stalled: a burst on many partitions)."""
         part = self.parts.get(key)
         if part is None:
             return None
@@ -383,6 +385,6 @@ class AssignedPartitions:
         if key in self.paused or part.queue:
             return None
         position = part.next_offset
-        if end is not None and position is not None and end > position:
+        if end is not None and position is not None and end > position and not arriving:
             return f"the broker reports records up to {end} but none beyond {position} arrive"
         return None

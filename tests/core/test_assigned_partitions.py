@@ -97,8 +97,11 @@ def test_stuck_means_due_records_unhandled_or_records_that_do_not_arrive() -> No
     parts.paused.add(MAIN)
     assert parts.stuck(MAIN, NOW, end=9) is None  # paused on purpose
     parts.paused.clear()
+    # records arrive on the loop's other partitions: this one waits its turn behind their backlog
+    assert parts.stuck(MAIN, NOW, end=9, arriving=True) is None
     parts.add(MAIN, fetched(7))
     assert "1 due records" in (parts.stuck(MAIN, NOW, end=9) or "")
+    assert "1 due records" in (parts.stuck(MAIN, NOW, end=9, arriving=True) or "")  # fetched, not handled
     parts.add(MAIN, fetched(8, awake={8: NOW + 5}))
     parts.forget([MAIN])
     assert parts.stuck(MAIN, NOW, end=9) is None

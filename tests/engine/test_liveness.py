@@ -10,7 +10,23 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from delayapp.core import headers as h
-from tests.support.kafka import Collector, one_second_loop, producer, wait_for
+from delayapp.core.planner import Planner
+from delayapp.engine.bootstrap import bootstrap_topics
+from delayapp.engine.handler import RecordHandler
+from delayapp.engine.loop import HopLoop
+from delayapp.engine.service import build_policy
+from delayapp.settings import load_settings
+from tests.support.kafka import (
+    SESSION_MS,
+    Collector,
+    create_topics,
+    one_second_loop,
+    produce,
+    producer,
+    read_all,
+    unique,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -84,5 +100,71 @@ async def test_a_batch_whose_writes_outlast_the_emit_timeout_reopens_the_loop(bo
             await p.stop()
         await wait_for(lambda: hop_loop.stats.restarts >= 2, 30, "the loop to reopen after timed-out batches")
         assert hop_loop.stats.commits == 0, "a timed-out batch must not count as committed"
+    finally:
+        await hop_loop.stop()
+
+
+async def test_partitions_waiting_their_turn_behind_a_backlog_are_busy_not_stalled(bootstrap: str) -> None:
+    """A burst written at once to many partitions, larger than the liveness threshold's worth of
+    the loop's rate: partitions whose records have not arrived yet wait their turn while the
+    others' records arrive. That is busy, not stalled: no stall reported, no rewind, no reopen,
+    and nothing delivered twice (the watchdog once took such partitions for stalled, rewound
+    them and reopened the loop, which wrote what it had not committed again)."""
+    count, partitions = 40_000, 16
+    prefix, target = unique("busy"), unique("busy-target-")
+    s = load_settings(
+        broker=bootstrap,
+        topic_prefix=prefix,
+        app_id=prefix,
+        denominations="1s",
+        partitions=partitions,
+        allowed_targets="busy-target-*",
+        session_timeout_ms=SESSION_MS,
+        heartbeat_interval_ms=1500,
+        liveness_threshold="1s",
+        max_queued_bytes=1_048_576,  # a small read-ahead: partitions take turns sooner
+    )
+    layout = s.topic_layout()
+    await bootstrap_topics(s, layout)
+    await create_topics(bootstrap, target, partitions=1)
+    topic = layout.delay_topic(1000)
+    now = str(time.time_ns() // 1_000_000).encode()
+    value = b"v" * 1_000
+    produce(
+        bootstrap,
+        topic,
+        (
+            {
+                "value": value,
+                "key": str(i).encode(),
+                "partition": i % partitions,
+                "headers": [
+                    (h.RECORD_ID, f"r{i}".encode()),
+                    (h.REACTIVATE_TO_TOPIC, target.encode()),
+                    (h.REACTIVATE_AT, now),
+                    (h.AWAKE_AT, now),
+                ],
+            }
+            for i in range(count)
+        ),
+    )
+    handler = RecordHandler(layout=layout, planner=Planner(s.ladder), policy=build_policy(s, layout))
+    hop_loop = HopLoop(
+        name="delay-1s",
+        topic=topic,
+        group_id=f"{prefix}.delay.1s",
+        handler=handler,
+        settings=s,
+        audit_topic=layout.audit,
+        states_topic=layout.record_states,
+        max_wait_ms=1000,
+    )
+    await hop_loop.start()
+    try:
+        await wait_for(lambda: hop_loop.stats.delivered >= count, 180, f"{count} deliveries")
+        stats = hop_loop.stats
+        assert (stats.stalls, stats.rewinds, stats.restarts) == (0, 0, 0)
+        delivered = read_all(bootstrap, target, timeout_s=60)
+        assert len(delivered) == count == len({m.key() for m in delivered}), "each record delivered once"
     finally:
         await hop_loop.stop()
