@@ -9,18 +9,30 @@ from delayapp.core.durations import format_duration, parse_duration
 from delayapp.errors import ConfigError
 
 PAPER_STYLE_LADDER = "1s,5s,30s,1m,5m,30m,1h,6h,1d"
-"""The white paper's example ladder (1m,5m,1h) stretched from 1s to 1d: delayapp's default until
-DEFAULT_LADDER was chosen by expected hops, and the ladder the bench and the optimizer tests
-compare against. A deployment created on it keeps it by setting ``DELAYAPP_DENOMINATIONS``."""
+"""The white paper's example ladder (1m,5m,1h) stretched from 1s to 1d: delayapp's first
+default, and the ladder the bench and the optimizer tests compare against. Its worst case (the
+most hops any delay up to 7 days needs) bounds every later default's."""
 
-DEFAULT_LADDER = "1s,3s,10s,45s,3m,15m,20m,2h,1d"
-"""The ladder of 9 denominations (the paper-style ladder's topic budget) with the fewest mean
-hops of the exact planner over both reference mixes of :mod:`delayapp.core.mixes` together,
-among those keeping 1s (the bound on partial-hop lateness) and needing no more hops than the
-paper-style ladder for any delay up to 7 days. Found by the optimizer's search over its round
-durations (``python -m bench.ladders``); a unit test checks that no single swap improves it.
-Mean hops: realistic mix 8.62 -> 6.61, skewed mix 2.00 -> 1.74; at most 31 full hops up to 7d
-instead of 34 (the README's "The default ladder")."""
+NINE_DENOMINATION_LADDER = "1s,3s,10s,45s,3m,15m,20m,2h,1d"
+"""The default before :data:`DEFAULT_LADDER`: the ladder of 9 denominations (the paper-style
+ladder's topic budget) with the fewest mean hops over both reference mixes of
+:mod:`delayapp.core.mixes` (realistic 6.61, skewed 1.74). A deployment created on it keeps it
+by setting ``DELAYAPP_DENOMINATIONS`` (a worker that finds its topics says so)."""
+
+DEFAULT_LADDER = "1s,2s,5s,15s,20s,45s,3m,10m,15m,1h,4h,1d"
+"""The ladder of 12 denominations with the fewest mean hops of the exact planner over both
+reference mixes together, among those keeping 1s (the bound on partial-hop lateness) and needing
+no more hops than the paper-style ladder for any delay up to 7 days. Found by the optimizer's
+search over its round durations (``python -m bench.ladders --denominations 12``); a unit test
+checks that no single swap improves it. Twelve, not nine: every hop is a write and a read of the
+whole record, paid by every record on every hop, while a denomination costs two topics, a group
+and an idle loop, paid once; 12 cut the realistic mix's mean hops from 6.61 to 5.29 (20 %) and
+the skewed mix's from 1.74 to 1.26 (27 %) for 6 more topics, and each further denomination saves
+less (docs/design.md: the default ladder)."""
+
+EARLIER_DEFAULT_LADDERS = (NINE_DENOMINATION_LADDER, PAPER_STYLE_LADDER)
+"""The ladders earlier releases used by default, newest first: a deployment created on one of
+them has its delay topics, and is told which ladder to keep."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from delayapp.core.durations import format_duration
-from delayapp.core.ladder import Ladder
+from delayapp.core.ladder import EARLIER_DEFAULT_LADDERS, Ladder
 
 WEEK_MS = 7 * 86_400_000
 DAY_MS = 86_400_000
@@ -202,6 +202,17 @@ def retired_delay_topics(layout: TopicLayout, existing: set[str] | list[str]) ->
     e.g. the default before an upgrade): records waiting there would never be read again."""
     ours = {*layout.delay_topics.values(), *layout.priority_topics.values()}
     return sorted(t for t in existing if t.startswith(f"{layout.prefix}.delay.") and t not in ours)
+
+
+def earlier_default_ladder(layout: TopicLayout, retired: list[str]) -> str | None:
+    """The earlier default ladder (:data:`delayapp.core.ladder.EARLIER_DEFAULT_LADDERS`) whose
+    delay topics of this prefix include every one of ``retired``, if any: a deployment created on
+    it before an upgrade, which keeps it by setting ``DELAYAPP_DENOMINATIONS`` to it."""
+    for ladder in EARLIER_DEFAULT_LADDERS:
+        theirs = TopicLayout(layout.prefix, Ladder.parse(ladder))
+        if retired and set(retired) <= {*theirs.delay_topics.values(), *theirs.priority_topics.values()}:
+            return ladder
+    return None
 
 
 def retention_problems(

@@ -10,7 +10,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from delayapp.core.errors import TopicLayoutError
-from delayapp.core.layout import TopicLayout, retired_delay_topics
+from delayapp.core.layout import TopicLayout, earlier_default_ladder, retired_delay_topics
 from delayapp.engine.errors import BrokerFeatureMissing
 from delayapp.engine.topics import configured_topic_specs, ensure_topics
 from delayapp.settings import Settings
@@ -26,10 +26,16 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
     try:
         retired = retired_delay_topics(layout, await admin.list_topics())
         if retired:
+            earlier = earlier_default_ladder(layout, retired)
+            keep = (
+                f"This deployment was created on an earlier default ladder: set DELAYAPP_DENOMINATIONS={earlier} "
+                "to keep it"
+                if earlier is not None
+                else "Keep the ladder they were written with (DELAYAPP_DENOMINATIONS)"
+            )
             raise TopicLayoutError(
                 f"delay topics of another ladder exist: {', '.join(retired)}; records waiting there would never be "
-                f"delivered by this ladder ({layout.ladder}). Keep the ladder "
-                "they were written with (DELAYAPP_DENOMINATIONS), or drain them first and delete them "
+                f"delivered by this ladder ({layout.ladder}). {keep}, or drain them first and delete them "
                 "(docs/design.md: changing the ladder)"
             )
         specs = configured_topic_specs(s, layout)

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from delayapp.core.durations import parse_duration
-from delayapp.core.ladder import DEFAULT_LADDER, PAPER_STYLE_LADDER, Ladder
+from delayapp.core.ladder import DEFAULT_LADDER, NINE_DENOMINATION_LADDER, PAPER_STYLE_LADDER, Ladder
 from delayapp.core.mixes import (
     MIXES,
     REFERENCE_SIZE,
@@ -55,19 +55,21 @@ def test_expected_hops_is_the_planners_mean_and_infinite_for_a_ladder_too_fine_t
     assert planner.expected_hops([]) == 0.0
 
 
-def test_the_default_ladder_has_fewer_hops_than_the_paper_style_one_on_both_mixes_and_no_worse_worst_case() -> None:
+def test_the_default_ladder_has_fewer_hops_than_the_earlier_ones_on_both_mixes_and_no_worse_worst_case() -> None:
     assert load_settings().ladder == Ladder.parse(DEFAULT_LADDER)
-    new, old = Planner(Ladder.parse(DEFAULT_LADDER)), Planner(Ladder.parse(PAPER_STYLE_LADDER))
-    assert len(new.ladder.denominations) == len(old.ladder.denominations) == 9  # the same topic budget
-    assert new.ladder.smallest == old.ladder.smallest == 1_000  # the same partial-hop lateness bound
+    new = Planner(Ladder.parse(DEFAULT_LADDER))
+    nine, old = Planner(Ladder.parse(NINE_DENOMINATION_LADDER)), Planner(Ladder.parse(PAPER_STYLE_LADDER))
+    assert len(new.ladder.denominations) == 12 and len(nine.ladder.denominations) == len(old.ladder.denominations) == 9
+    assert new.ladder.smallest == nine.ladder.smallest == old.ladder.smallest == 1_000  # the partial-hop bound
     means = {
-        name: (old.expected_hops(histogram(make(REFERENCE_SIZE))), new.expected_hops(histogram(make(REFERENCE_SIZE))))
+        name: tuple(round(planner.expected_hops(histogram(make(REFERENCE_SIZE))), 2) for planner in (old, nine, new))
         for name, make in MIXES.items()
     }
-    assert [round(x, 2) for x in means["realistic"]] == [8.62, 6.61]  # as the README and the bench say
-    assert [round(x, 2) for x in means["skewed"]] == [2.00, 1.74]
-    assert new.worst_case_hops(SEVEN_DAYS) == 32 < old.worst_case_hops(SEVEN_DAYS) == 35
-    assert new.hop_count(SEVEN_DAYS) == 7 and new.hop_count(parse_duration("1h19m")) == 7
+    assert means["realistic"] == (8.62, 6.61, 5.29)  # as the README, docs/design.md and the bench say
+    assert means["skewed"] == (2.00, 1.74, 1.26)
+    assert new.worst_case_hops(SEVEN_DAYS) == 26 < nine.worst_case_hops(SEVEN_DAYS) == 32
+    assert old.worst_case_hops(SEVEN_DAYS) == 35
+    assert new.hop_count(SEVEN_DAYS) == 7 and new.hop_count(parse_duration("1h19m")) == 5
 
 
 def test_no_single_swap_improves_the_default_on_the_blended_mixes() -> None:
@@ -117,8 +119,9 @@ def test_the_bench_prints_mean_hops_of_both_ladders_on_both_mixes_without_a_brok
     out = tmp_path / "bench.json"
     assert main(["--sections", "mix", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "mean hops, realistic mix: paper-style ladder -> default: 8.62 -> 6.61 (23% fewer)" in printed
-    assert "mean hops, skewed mix: paper-style ladder -> default: 2.00 -> 1.74 (13% fewer)" in printed
+    row = "mean hops, {} mix: paper-style -> 9 denominations -> default (12): {}"
+    assert row.format("realistic", "8.62 -> 6.61 -> 5.29 (20% fewer than 9)") in printed
+    assert row.format("skewed", "2.00 -> 1.74 -> 1.26 (27% fewer than 9)") in printed
     data = json.loads(out.read_text())
     assert (
         data["broker"] == "no broker needed"

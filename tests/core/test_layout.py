@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from delayapp.core.ladder import Ladder
-from delayapp.core.layout import TopicLayout, retention_problems, retired_delay_topics, topic_specs
+from delayapp.core.ladder import DEFAULT_LADDER, EARLIER_DEFAULT_LADDERS, Ladder
+from delayapp.core.layout import (
+    TopicLayout,
+    earlier_default_ladder,
+    retention_problems,
+    retired_delay_topics,
+    topic_specs,
+)
 
 
 def test_topic_layout_names_and_retention_checks() -> None:
@@ -47,3 +53,13 @@ def test_delay_topics_of_another_ladder_are_found_and_nothing_else() -> None:
     }
     assert retired_delay_topics(layout, existing) == ["dx.delay.5s", "dx.delay.5s.priority"]
     assert retired_delay_topics(layout, layout.all_topics) == []
+
+
+def test_a_deployment_on_an_earlier_default_ladder_is_told_which_ladder_to_keep() -> None:
+    layout = TopicLayout("dx", Ladder.parse(DEFAULT_LADDER))
+    for earlier in EARLIER_DEFAULT_LADDERS:
+        theirs = TopicLayout("dx", Ladder.parse(earlier))
+        retired = retired_delay_topics(layout, theirs.all_topics)
+        assert retired and earlier_default_ladder(layout, retired) == earlier
+    assert earlier_default_ladder(layout, ["dx.delay.7s"]) is None  # someone else's ladder: no guess
+    assert earlier_default_ladder(layout, []) is None

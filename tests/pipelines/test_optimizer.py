@@ -56,8 +56,8 @@ def test_optimizer_from_ingress_requests(spark, bootstrap, tmp_path, capsys):
     assert result["requests"] == 60
     assert result["proposed"]["ladder"] == "1s,7s,1m10s" and result["proposed"]["expected_hops"] == 1.0
     assert (
-        result["current"]["ladder"] == DEFAULT_LADDER and result["current"]["expected_hops"] == 4.5
-    )  # 3s+3s+1s and 45s+10s+10s+3s+1s+1s
+        result["current"]["ladder"] == DEFAULT_LADDER and result["current"]["expected_hops"] == 2.5
+    )  # 5s+2s and 45s+20s+5s
     printed = capsys.readouterr().out
     assert "expected hops" in printed and "1s,7s,1m10s" in printed
 
