@@ -15,7 +15,7 @@ from delayapp.compat.cesium import translate_cesium
 from delayapp.compat.envelope import translate_envelope
 from delayapp.compat.translation import Translation
 from delayapp.core import headers as h
-from delayapp.core.hop import LeanHeaders
+from delayapp.core.hop import LeanHeaders, LeanView
 from delayapp.core.policies import DeadLetter, Wait
 from delayapp.engine.handler import Handler, LeanOutput, Output, RecordHandler
 from delayapp.engine.records import ConsumedRecord
@@ -69,7 +69,14 @@ class TranslatingHandler(Handler):
         return self.inner.targets([t for t in translated if not isinstance(t, DeadLetter)], now=now)
 
     def lean(
-        self, value: bytes | None, size: int, headers: LeanHeaders, now: int, where: tuple[str, int], offset: int
+        self,
+        value: bytes | None,
+        size: int,
+        headers: LeanHeaders,
+        now: int,
+        where: tuple[str, int],
+        offset: int,
+        view: LeanView | None = None,
     ) -> LeanOutput | Wait | None:
         """None: a compat source is an ingress, whose records the full path admits."""
         return None

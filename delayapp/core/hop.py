@@ -34,6 +34,8 @@ from delayapp.core.errors import HeaderError
 from delayapp.core.planner import Planner
 from delayapp.core.policies import Policy, Wait
 
+HEADER_OVERHEAD_BYTES = 10  # per header, beyond its name and value, in the size the loop counts
+
 # What the lean step reads, by header name: a bit each, compared in the loop below
 _REACTIVATE_AT = 1
 _AWAKE_AT = 2
@@ -112,6 +114,108 @@ def _checked(decoder: Callable[[str, bytes | None], str], name: str, raw: bytes 
         return None
 
 
+class LeanView(NamedTuple):
+    """What the lean step consults of a record, read from its headers in one pass (:func:`scan`)."""
+
+    header_bytes: int  # the headers' share of the record's size, as the loop counts it
+    awake: int  # awakeAt
+    due: int  # reactivateAt
+    valid: int | None  # validAt
+    expire: int | None  # expireAt
+    throttled: int | None  # throttledUntil
+    hops: int  # delayHops
+    retried: int | None  # timeRetried
+    delayed: int | None  # delayedAt
+    priority: bool
+    record_id: str
+    raw_target: bytes | None  # reactivateToTopic, checked when the step is taken
+    awake_index: int  # where awakeAt and delayHops are in the list (a hop rewrites them in place)
+    hops_index: int
+
+
+def scan(headers: LeanHeaders) -> LeanView | None:
+    """The headers the lean step consults, read in one pass as :func:`delayapp.core.headers.decode`
+    would accept them, with the headers' size; None when one is missing, repeated or malformed
+    (the full path decides, and explains). The loop scans a record once, when it is fetched."""
+    due = valid = expire = throttled = hops = retried = delayed = awake = None
+    priority = False
+    record_id: str | None = None
+    raw_target: bytes | None = None
+    awake_index = hops_index = -1
+    header_bytes = 0
+    seen = 0  # the headers read so far: a repeated one is the full path's to refuse
+    read = _READ
+    for index, (name, raw) in enumerate(headers):
+        header_bytes += len(name) + (len(raw) if raw is not None else 0) + HEADER_OVERHEAD_BYTES
+        kind = read.get(name)
+        if kind is None:
+            continue
+        if seen & kind:
+            return None
+        seen |= kind
+        if kind == _REACTIVATE_AT:
+            due = _time(raw)
+            if due is None:
+                return None
+        elif kind == _AWAKE_AT:
+            awake = _time(raw)
+            if awake is None:
+                return None
+            awake_index = index
+        elif kind == _HOPS:
+            hops = _count(raw)
+            if hops is None:
+                return None
+            hops_index = index
+        elif kind == _RETRIED:
+            retried = _count(raw)
+            if retried is None:
+                return None
+        elif kind == _PRIORITY:
+            if raw == b"high":
+                priority = True
+            elif raw != b"normal":
+                return None
+        elif kind == _RECORD_ID:
+            record_id = _checked(h.decode_record_id, name, raw)
+            if record_id is None:
+                return None
+        elif kind == _TARGET:
+            raw_target = raw
+        elif kind == _DELAY_MS:
+            return None  # a producer's relative delay: only the router turns it into a due time
+        else:
+            value = _time(raw)
+            if value is None:
+                return None
+            if kind == _VALID_AT:
+                valid = value
+            elif kind == _EXPIRE_AT:
+                expire = value
+            elif kind == _THROTTLED:
+                throttled = value
+            elif kind == _DELAYED_AT:
+                delayed = value
+    if due is None or awake is None or hops is None or record_id is None:
+        return None  # not a record the router admitted: the full path looks at it
+    return LeanView(
+        header_bytes,
+        awake,
+        due,
+        valid,
+        expire,
+        throttled,
+        hops,
+        retried,
+        delayed,
+        priority,
+        record_id,
+        raw_target,
+        awake_index,
+        hops_index,
+    )
+
+
 class LeanStep:
     """Takes a delay topic's record one step from its raw headers (see the module's docstring);
     build once per worker.
@@ -145,76 +249,38 @@ class LeanStep:
         self._topic_of = topic_of
 
     def __call__(
-        self, headers: LeanHeaders, now: int, where: tuple[str, int], offset: int
+        self, headers: LeanHeaders, now: int, where: tuple[str, int], offset: int, view: LeanView | None = None
     ) -> LeanHop | LeanDelivery | Wait | None:
         """The next step at ``now`` of the record read at ``offset`` of partition ``where``
         (topic, partition): a hop, a delivery, a :class:`Wait` for a record due too soon to hop
-        (held where it is), or None: the full path decides. ``headers`` is changed in place only
-        when a hop is answered."""
-        due = valid = expire = throttled = hops = retried = delayed = None
-        priority = False
-        record_id: str | None = None
-        raw_target: bytes | None = None
-        awake_index = hops_index = -1
-        seen = 0  # the headers read so far: a repeated one is the full path's to refuse
-        read = _READ
-        for index, (name, raw) in enumerate(headers):
-            kind = read.get(name)
-            if kind is None:
-                continue
-            if seen & kind:
+        (held where it is), or None: the full path decides. ``view`` is what :func:`scan` read
+        of ``headers`` (scanned here if not given). ``headers`` is changed in place only when a
+        hop is answered."""
+        if view is None:
+            view = scan(headers)
+            if view is None:
                 return None
-            seen |= kind
-            if kind == _REACTIVATE_AT:
-                due = _time(raw)
-                if due is None:
-                    return None
-            elif kind == _AWAKE_AT:
-                if _time(raw) is None:
-                    return None
-                awake_index = index
-            elif kind == _HOPS:
-                hops = _count(raw)
-                if hops is None:
-                    return None
-                hops_index = index
-            elif kind == _RETRIED:
-                retried = _count(raw)
-                if retried is None:
-                    return None
-            elif kind == _PRIORITY:
-                if raw == b"high":
-                    priority = True
-                elif raw != b"normal":
-                    return None
-            elif kind == _RECORD_ID:
-                record_id = _checked(h.decode_record_id, name, raw)
-                if record_id is None:
-                    return None
-            elif kind == _TARGET:
-                raw_target = raw
-            elif kind == _DELAY_MS:
-                return None  # a producer's relative delay: only the router turns it into a due time
-            else:
-                value = _time(raw)
-                if value is None:
-                    return None
-                if kind == _VALID_AT:
-                    valid = value
-                elif kind == _EXPIRE_AT:
-                    expire = value
-                elif kind == _THROTTLED:
-                    throttled = value
-                elif kind == _DELAYED_AT:
-                    delayed = value
-        if due is None or awake_index < 0 or hops_index < 0 or record_id is None:
-            return None  # not a record the router admitted: the full path looks at it
+        (
+            _,
+            _,
+            due,
+            valid,
+            expire,
+            throttled,
+            hops,
+            retried,
+            delayed,
+            priority,
+            record_id,
+            raw_target,
+            awake_index,
+            hops_index,
+        ) = view
         # the target's policy at every step, as the full path's: a record written straight into
         # a delay topic is held to the router's rules (a deployment has few targets: remembered)
         target = _checked(h.decode_topic, h.REACTIVATE_TO_TOPIC, raw_target)
         if target is None or self.policy.check_target(target, self.known_topics()) is not None:
             return None
-        assert hops is not None  # read with hops_index
         if retried is not None and retried > self.max_retries:
             return None
         if applies_to(self.cancellations(record_id), delayed):

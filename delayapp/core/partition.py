@@ -59,6 +59,7 @@ class Pending:
     size: int
     released: bool = False
     headers: Any = None  # opaque here: the record's headers as the loop read them, if it keeps them apart
+    lean: Any = None  # opaque here: what the loop's lean step read of those headers, if anything
 
 
 class PartitionState:

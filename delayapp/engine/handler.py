@@ -15,7 +15,7 @@ from delayapp.core import headers as h
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq, delivered
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
-from delayapp.core.hop import LeanDelivery, LeanHeaders, LeanHop, LeanStep
+from delayapp.core.hop import HEADER_OVERHEAD_BYTES, LeanDelivery, LeanHeaders, LeanHop, LeanStep, LeanView
 from delayapp.core.layout import TopicLayout
 from delayapp.core.partition import credible_awake_at
 from delayapp.core.planner import Planner
@@ -46,7 +46,7 @@ def record_size(key: bytes | None, value: bytes | None, headers: h.Headers | Non
     """Bytes a record takes on the wire, as brokers count it against message.max.bytes."""
     size = RECORD_OVERHEAD_BYTES + len(key or b"") + len(value or b"")
     for name, raw in headers or ():
-        size += len(name) + len(raw or b"") + 10
+        size += len(name) + len(raw or b"") + HEADER_OVERHEAD_BYTES
     return size
 
 
@@ -87,7 +87,14 @@ class Handler(Protocol):
         ...
 
     def lean(
-        self, value: bytes | None, size: int, headers: LeanHeaders, now: int, where: tuple[str, int], offset: int
+        self,
+        value: bytes | None,
+        size: int,
+        headers: LeanHeaders,
+        now: int,
+        where: tuple[str, int],
+        offset: int,
+        view: LeanView | None = None,
     ) -> LeanOutput | Wait | None:
         """The lean step of a delay topic's record read at ``offset`` of partition ``where``
         (see :mod:`delayapp.core.hop`), or None: :meth:`handle` decides."""
@@ -134,14 +141,21 @@ class RecordHandler(Handler):
         )
 
     def lean(
-        self, value: bytes | None, size: int, headers: LeanHeaders, now: int, where: tuple[str, int], offset: int
+        self,
+        value: bytes | None,
+        size: int,
+        headers: LeanHeaders,
+        now: int,
+        where: tuple[str, int],
+        offset: int,
+        view: LeanView | None = None,
     ) -> LeanOutput | Wait | None:
         """The lean step of a delay topic's record of ``size`` bytes, read at ``offset`` of
-        partition ``where``, or None: :meth:`handle` decides (a tombstone and an oversized
-        record are refused there)."""
+        partition ``where`` (``view``: what :func:`delayapp.core.hop.scan` read of its headers),
+        or None: :meth:`handle` decides (a tombstone and an oversized record are refused there)."""
         if value is None or size > self.max_record_bytes:
             return None
-        return self._lean(headers, now, where, offset)
+        return self._lean(headers, now, where, offset, view)
 
     def targets(self, records: Iterable[ConsumedRecord], *, now: int) -> set[str]:
         """The target topics ``records`` name (their ``reactivateToTopic``), read without decoding the rest."""

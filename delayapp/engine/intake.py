@@ -17,7 +17,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, Message
 
 from delayapp.core.clock import GuardedClock, monotonic_ms
 from delayapp.core.headers import AWAKE_AT, REACTIVATE_TO_TOPIC, Headers
-from delayapp.core.hop import LeanHeaders
+from delayapp.core.hop import HEADER_OVERHEAD_BYTES, LeanHeaders, scan
 from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending, credible_awake_at
 from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME
 from delayapp.engine.handler import RECORD_OVERHEAD_BYTES, Handler
@@ -106,26 +106,32 @@ class Intake:
             last = message
             headers = cast(LeanHeaders, message.headers() or [])
             size = RECORD_OVERHEAD_BYTES + len(message.key() or b"") + len(message.value() or b"")
-            awake_raw: bytes | None = None
-            target: bytes | None = None
-            for name, raw in headers:
-                size += len(name) + len(raw or b"") + 10
-                if name == AWAKE_AT:
-                    awake_raw = raw
-                elif name == REACTIVATE_TO_TOPIC:
-                    target = raw
             offset, partition = message.offset(), message.partition()
             assert offset is not None and partition is not None  # a record, not an error event
+            view = None if ingress else scan(headers)
+            if view is not None:  # a delay topic's record as the router wrote it: read once, here
+                size += view.header_bytes
+                awake_at = self._credible(message, view.awake, fetched_at)
+                target = view.raw_target
+            else:  # the router's record, or one the lean step does not read: the full path's
+                awake_raw: bytes | None = None
+                target = None
+                for name, raw in headers:
+                    size += len(name) + len(raw or b"") + HEADER_OVERHEAD_BYTES
+                    if name == AWAKE_AT:
+                        awake_raw = raw
+                    elif name == REACTIVATE_TO_TOPIC:
+                        target = raw
+                awake_at = None if awake_raw is None else self.awake_at(message, awake_raw, fetched_at)
             if ingress:
                 # an ingress record's awakeAt is a producer's: never waited for (the handler strips it)
                 record: ConsumedRecord = FetchedRecord(message, cast(Headers, headers))
                 taken.append(record)
                 entry = Pending(offset, record, None, size)
             else:
-                awake_at = None if awake_raw is None else self.awake_at(message, awake_raw, fetched_at)
                 if target and target not in targets:
                     targets.add(target)
-                entry = Pending(offset, message, awake_at, size, headers=headers)
+                entry = Pending(offset, message, awake_at, size, headers=headers, lean=view)
             topic = message.topic()
             assert topic is not None
             by_partition.setdefault((topic, partition), []).append(entry)
@@ -154,15 +160,18 @@ class Intake:
         later ``awakeAt`` is forged or from a skewed clock, and the record is re-planned now)."""
         if raw is None or not raw.isdigit() or len(raw) >= 19:
             return None  # malformed: the handler decides (and dead-letters it)
-        awake = credible_awake_at(int(raw), fetched_at, self.max_wait_ms)
-        if awake is None:
+        return self._credible(message, int(raw), fetched_at)
+
+    def _credible(self, message: Message, awake: int, fetched_at: int) -> int | None:
+        credible = credible_awake_at(awake, fetched_at, self.max_wait_ms)
+        if credible is None:
             log.warning(
-                "%s: %s/%d/%d has awakeAt %s, beyond its topic's %d ms; re-planned now",
+                "%s: %s/%d/%d has awakeAt %d, beyond its topic's %d ms; re-planned now",
                 self.label,
                 message.topic(),
                 message.partition(),
                 message.offset(),
-                raw.decode(),
+                awake,
                 self.max_wait_ms,
             )
-        return awake
+        return credible

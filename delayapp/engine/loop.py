@@ -488,7 +488,7 @@ class HopLoop(Service):
         if not self.ingress and not writer.careful:
             message = entry.record
             if isinstance(message, Message):  # the lean step: a hop or a delivery from raw headers
-                step = self.handler.lean(message.value(), entry.size, entry.headers, now, key, entry.offset)
+                step = self.handler.lean(message.value(), entry.size, entry.headers, now, key, entry.offset, entry.lean)
                 if step is not None:
                     return step
         return self.handler.handle(as_record(entry), now=now, ingress=self.ingress, max_wait_ms=self.max_wait_ms)

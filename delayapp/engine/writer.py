@@ -96,6 +96,7 @@ class Writer:
         self.clock = clock
         self.audit_topic = audit_topic
         self.states_topic = states_topic  # record-states: each audit event again, compacted by record id
+        self._streams = tuple(stream for stream in (audit_topic, states_topic) if stream)
         self.ingress = ingress
         self.audit_hops = audit_hops
         self.publish_now = publish_now
@@ -300,8 +301,11 @@ class Writer:
     def publish(self, topic: str | None, audit: AuditEvent) -> None:
         """Write ``audit`` to the audit stream and the record-states topic."""
         encoded, record_id = audit.encode(topic, None, None), audit.record_id.encode()
-        for stream in (self.audit_topic, self.states_topic):
-            if stream:
+        produce = self.producer.produce
+        for stream in self._streams:
+            try:
+                produce(stream, encoded, record_id)
+            except (BufferError, KafkaException):  # the queue is full, or refused before queuing
                 self.produce(stream, encoded, record_id, None)
 
     def publish_unpublished(self) -> bool:

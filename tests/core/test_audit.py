@@ -8,6 +8,8 @@ import dataclasses
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from delayapp.core import headers as h
 from delayapp.core.audit import (
@@ -18,6 +20,7 @@ from delayapp.core.audit import (
     RecordStatus,
     WireType,
     audit_seq,
+    delivered,
     is_final,
     step_order,
 )
@@ -154,3 +157,60 @@ def test_every_status_the_engine_writes_is_a_record_status() -> None:
         step("gone", reactivate_at=NOW + 9_000),
     ]
     assert written == list(RecordStatus) and all(type(status) is RecordStatus for status in written)
+
+
+@given(
+    st.text(min_size=1, max_size=20),
+    st.integers(0, 2**50),
+    st.integers(0, 1000),
+    st.integers(0, 1000),
+    st.text(min_size=1, max_size=20),
+    st.integers(0, 2**50),
+    st.booleans(),
+    st.none() | st.integers(0, 2**50),
+    st.none() | st.integers(0, 2**50),
+)
+def test_the_delivered_step_is_the_event_the_constructor_builds(
+    record_id: str,
+    at: int,
+    retries: int,
+    hops: int,
+    target: str,
+    due: int,
+    priority: bool,
+    throttled: int | None,
+    delayed: int | None,
+) -> None:
+    # delivered() builds its event without the frozen dataclass's __init__ (the hot path): the
+    # same event, hashable and frozen as any other
+    event = delivered(
+        record_id,
+        at=at,
+        retries=retries,
+        hops=hops,
+        target=target,
+        due=due,
+        source="t/0/1",
+        priority=priority,
+        throttled_until=throttled,
+        delayed_at=delayed,
+    )
+    built = AuditEvent(
+        record_id,
+        RecordStatus.DELIVERED,
+        at,
+        audit_seq(retries, hops, RecordStatus.DELIVERED),
+        retries,
+        hops,
+        target,
+        reactivate_at=due,
+        lateness_ms=at - due,
+        source="t/0/1",
+        priority=priority,
+        throttled_until=throttled,
+        delayed_at=delayed,
+    )
+    assert event == built and hash(event) == hash(built) and repr(event) == repr(built)
+    assert event.encode(target, None, None) == built.encode(target, None, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.at = 0  # type: ignore[misc]

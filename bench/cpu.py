@@ -1,0 +1,147 @@
+"""The Python cost of one step, without a broker: ``python -m bench.cpu [intermediate|delivery]``.
+
+Drives a hop loop's own parts (its intake, the partition state machine with the loop's step,
+its writer) over records built in memory as librdkafka would hand them over, the router's
+headers on them, with a producer whose broker does not answer (each write is queued in
+librdkafka and never sent). What it prints, CPU µs per record of the thread, is what the loop's
+thread spends per record apart from fetching and acknowledging; it does not depend on a broker
+sharing the cores, so it is the figure to compare before and after a change of the record path
+on a noisy machine. For a figure that does not move run to run, count instructions:
+``valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.out python -m bench.cpu delivery 20000``
+and read the total with ``callgrind_annotate /tmp/cg.out | head``, less that of the same run
+with ``--setup-only`` (building the records).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message, Producer
+
+from bench.common import VALUE_1KB
+from bench.relay import HEADERS
+from delayapp.core import headers as h
+from delayapp.core.clock import GuardedClock, now_ms
+from delayapp.core.partition import AssignedPartitions
+from delayapp.core.planner import Planner
+from delayapp.engine.handler import RecordHandler
+from delayapp.engine.intake import Intake
+from delayapp.engine.loop import HopLoop
+from delayapp.engine.service import build_policy, tune_collector
+from delayapp.engine.stats import LoopStats
+from delayapp.engine.writer import Writer
+from delayapp.settings import load_settings
+
+PARTITIONS = 4
+BATCH = 500  # records per fetch, the default max_batch
+
+
+def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
+    """CPU µs per record the loop's thread spends taking, deciding and writing ``count`` records
+    of ``step`` ("intermediate": a hop from the 1h topic to the 1m topic, no audit event;
+    "delivery": a due record of the 1s topic delivered, its step published to the audit
+    stream and record-states). ``setup_only`` builds the records and stops (under callgrind,
+    what a run costs beyond that is the steps')."""
+    prefix = "cpu"
+    settings = load_settings(
+        broker="127.0.0.1:9", topic_prefix=prefix, app_id=prefix, denominations="1s,1m,1h", allowed_targets="cpu-*"
+    )
+    layout = settings.topic_layout()
+    handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
+    now = now_ms()
+    if step == "intermediate":
+        denomination, due = 3_600_000, now + 1_800_000
+    elif step == "delivery":
+        denomination, due = 1_000, now - 1_000
+    else:
+        raise ValueError(f"unknown step {step!r}")
+    topic = layout.delay_topic(denomination)
+    routed = h.DelayHeaders(
+        originated_at=now - 1000,
+        time_retried=0,
+        delayed_at=now - 1000,
+        reactivate_at=due,
+        reactivate_to_topic="cpu-sink",
+        awake_at=now - 1000,
+        delay_hops=1,
+    )
+    messages = [
+        Message(
+            topic=topic,
+            partition=i % PARTITIONS,
+            offset=i // PARTITIONS,
+            key=f"k{i}".encode(),
+            value=VALUE_1KB,
+            headers=[
+                (name, raw if isinstance(raw, bytes) else str(raw).encode())
+                for name, raw in h.encode(routed._replace(record_id=f"id-{i}"), HEADERS)
+            ],
+            timestamp=(TIMESTAMP_LOG_APPEND_TIME, now - 1000),
+        )
+        for i in range(count)
+    ]
+    producer = Producer(
+        {"bootstrap.servers": "127.0.0.1:9", "queue.buffering.max.messages": 10_000_000, "log_level": 0}
+    )
+    parts, lock, stats, clock = AssignedPartitions(), threading.Lock(), LoopStats(), GuardedClock()
+    for partition in range(PARTITIONS):
+        parts.adopt((topic, partition), 0, None, now_s=0.0)
+    intake = Intake(
+        label="cpu",
+        handler=handler,
+        parts=parts,
+        state_lock=lock,
+        stats=stats,
+        clock=clock,
+        ingress=False,
+        max_wait_ms=denomination,
+        fetch_error=lambda message, error: None,
+    )
+    writer = Writer(
+        label="cpu",
+        producer=producer,
+        handler=handler,
+        parts=parts,
+        state_lock=lock,
+        stats=stats,
+        clock=clock,
+        audit_topic=layout.audit,
+        states_topic=layout.record_states,
+        ingress=False,
+        audit_hops=False,
+        publish_now=False,
+    )
+    loop = HopLoop(
+        name="cpu", topic=topic, group_id="cpu", handler=handler, settings=settings, audit_topic=None, max_wait_ms=1
+    )
+    loop._writer = writer  # the loop's step reads the writer's careful mode and refusals
+    tune_collector()
+    if setup_only:
+        return 0.0
+    started = time.thread_time()
+    for first in range(0, count, BATCH):
+        intake.take(messages[first : first + BATCH])
+        batch, _, _ = parts.decide(clock, loop._handle)
+        writer.emit(batch)
+        writer.publish_unpublished()
+    spent = time.thread_time() - started
+    moved = stats.hops + stats.delivered
+    if moved != count:
+        raise RuntimeError(f"{moved} of {count} records took the {step} step")
+    return spent / count * 1e6
+
+
+def main(argv: list[str]) -> int:
+    step = argv[0] if argv else "intermediate"
+    count = int(argv[1]) if len(argv) > 1 else 100_000
+    if argv[2:] == ["--setup-only"]:
+        step_cost(step, count, setup_only=True)
+        return 0
+    print(f"{step}: {step_cost(step, count):.2f} µs CPU per record (broker-free, {count} records)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
