@@ -42,7 +42,8 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
     """CPU µs per record the loop's thread spends taking, deciding and writing ``count`` records
     of ``step`` ("intermediate": a hop from the 1h topic to the 1m topic, no audit event;
     "delivery": a due record of the 1s topic delivered, its step published to the audit
-    stream and record-states). ``setup_only`` builds the records and stops (under callgrind,
+    stream and record-states; "ingress": a record entering through the router, due in 2 s, its
+    first hop and its entering step published). ``setup_only`` builds the records and stops (under callgrind,
     what a run costs beyond that is the steps')."""
     prefix = "cpu"
     settings = load_settings(
@@ -51,13 +52,16 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
     layout = settings.topic_layout()
     handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
     now = now_ms()
+    ingress = step == "ingress"
     if step == "intermediate":
         denomination, due = 3_600_000, now + 1_800_000
     elif step == "delivery":
         denomination, due = 1_000, now - 1_000
+    elif ingress:  # a record entering through the router, due in 2 s, as the bench's load writes it
+        denomination, due = 0, now + 2_000
     else:
         raise ValueError(f"unknown step {step!r}")
-    topic = layout.delay_topic(denomination)
+    topic = layout.ingress if ingress else layout.delay_topic(denomination)
     routed = h.DelayHeaders(
         originated_at=now - 1000,
         time_retried=0,
@@ -74,10 +78,14 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
             offset=i // PARTITIONS,
             key=f"k{i}".encode(),
             value=VALUE_1KB,
-            headers=[
-                (name, raw if isinstance(raw, bytes) else str(raw).encode())
-                for name, raw in h.encode(routed._replace(record_id=f"id-{i}"), HEADERS)
-            ],
+            headers=(
+                [(h.REACTIVATE_TO_TOPIC, b"cpu-sink"), (h.REACTIVATE_AT, str(due).encode())]
+                if ingress
+                else [
+                    (name, raw if isinstance(raw, bytes) else str(raw).encode())
+                    for name, raw in h.encode(routed._replace(record_id=f"id-{i}"), HEADERS)
+                ]
+            ),
             timestamp=(TIMESTAMP_LOG_APPEND_TIME, now - 1000),
         )
         for i in range(count)
@@ -95,7 +103,7 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
         state_lock=lock,
         stats=stats,
         clock=clock,
-        ingress=False,
+        ingress=ingress,
         max_wait_ms=denomination,
         fetch_error=lambda message, error: None,
     )
@@ -109,12 +117,19 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
         clock=clock,
         audit_topic=layout.audit,
         states_topic=layout.record_states,
-        ingress=False,
+        ingress=ingress,
         audit_hops=False,
         publish_now=False,
     )
     loop = HopLoop(
-        name="cpu", topic=topic, group_id="cpu", handler=handler, settings=settings, audit_topic=None, max_wait_ms=1
+        name="cpu",
+        topic=topic,
+        group_id="cpu",
+        handler=handler,
+        settings=settings,
+        audit_topic=None,
+        ingress=ingress,
+        max_wait_ms=denomination,
     )
     loop._writer = writer  # the loop's step reads the writer's careful mode and refusals
     tune_collector()

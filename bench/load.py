@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 
 from bench.common import percentile
 from delayapp.core.clock import now_ms
@@ -31,6 +31,10 @@ MakeRecord = Callable[[bytes, int], tuple[bytes | None, bytes, list[tuple[str, b
 
 
 ACK_SAMPLE_EVERY = 50  # records between two whose acknowledgement latency is timed
+
+
+class LoadNotWritten(RuntimeError):
+    """The load generator's producer failed to write records: the run measures nothing."""
 
 
 @dataclass
@@ -56,21 +60,32 @@ def produce(
 ) -> Produced:
     """Write ``count`` records (blocking; run it in a thread), ``rate``/s or as fast as librdkafka
     takes them; record ``i`` is due at ``due(i, now_ms)``."""
+    refused: list[tuple[bytes | None, str]] = []  # (key, error) of each write the broker did not take
+
+    def failed(error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            refused.append((message.key(), str(error)))
+
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
             "linger.ms": 5,
             "queue.buffering.max.messages": 1_000_000,
             "queue.buffering.max.kbytes": 1_048_576,
+            # a record the load failed to write is not one the scheduler lost: each report is
+            # looked at (a failure stops the run), a sampled one is timed too
+            "on_delivery": failed,
         }
     )
     due_of: dict[bytes, int] = {}
     ack_ms: list[float] = []
 
-    def timed(sent_at: float) -> Callable[[object, object], None]:
-        def acked(error: object, message: object) -> None:
+    def timed(sent_at: float) -> Callable[[KafkaError | None, Message], None]:
+        def acked(error: KafkaError | None, message: Message) -> None:
             if error is None:
                 ack_ms.append((time.perf_counter() - sent_at) * 1000)
+            else:
+                failed(error, message)
 
         return acked
 
@@ -98,6 +113,8 @@ def produce(
     remaining = producer.flush(60)
     if remaining:
         raise RuntimeError(f"{remaining} records not written to {topic} within 60 s")
+    if refused:
+        raise LoadNotWritten(f"the load's producer failed to write {len(refused)} records to {topic}: {refused[:3]}")
     return Produced(due_of, time.perf_counter() - started, ack_ms)
 
 

@@ -36,14 +36,24 @@ class KnownTopics:
         """A write to ``name`` failed as if it were gone: ask the cluster again before trusting it."""
         self.names.discard(name)
 
+    def settled(self, targets: Iterable[str]) -> bool:
+        """True when no target needs asking about now: each is known, or was found missing this
+        second. Safe from a loop's thread (it only reads), so that a batch whose targets are all
+        settled, nearly every batch, costs the loop no round trip to the worker's event loop."""
+        return not self._unknown(targets, time.monotonic())
+
+    def _unknown(self, targets: Iterable[str], now: float) -> set[str]:
+        names, missing_since = self.names, self._missing_since
+        return {
+            name
+            for name in targets
+            if name not in names and now - missing_since.get(name, -TOPIC_REFRESH_S) >= TOPIC_REFRESH_S
+        }
+
     async def ensure(self, targets: Iterable[str]) -> None:
         """Refresh if a target topic is unknown and was not checked this second."""
         now = time.monotonic()
-        unknown = {
-            name
-            for name in targets
-            if name not in self.names and now - self._missing_since.get(name, -TOPIC_REFRESH_S) >= TOPIC_REFRESH_S
-        }
+        unknown = self._unknown(targets, now)
         if unknown:
             await self.refresh()
             self._missing_since = {n: t for n, t in self._missing_since.items() if now - t < TOPIC_REFRESH_S}

@@ -120,8 +120,10 @@ class HopLoop(Service):
         self.parts = AssignedPartitions(priority_topic=priority_topic, release_ahead=settings.release_ahead)
         self.running = asyncio.Event()
         # called with the target topics a fetched batch names, before it is decided
-        # (a coroutine, run on the worker's event loop)
+        # (a coroutine, run on the worker's event loop), unless targets_settled says there is
+        # nothing to do for them (asked on this loop's thread: no round trip)
         self.before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None = None
+        self.targets_settled: Callable[[set[str]], bool] | None = None
         # called with a target a write to which failed in a way that may mean it is gone
         self.on_target_failed: Callable[[str], None] | None = None
         self._consumer: Consumer | None = None
@@ -543,6 +545,8 @@ class HopLoop(Service):
 
     def _ensure_targets(self, names: set[str]) -> None:
         """Run ``before_decide`` on the worker's event loop with the target topics a fetched batch names."""
+        if self.targets_settled is not None and self.targets_settled(names):
+            return
         if self.before_decide is not None and self._aio is not None:
             asyncio.run_coroutine_threadsafe(self.before_decide(names), self._aio).result(timeout=60)
 

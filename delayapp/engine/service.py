@@ -184,6 +184,7 @@ class DelayEngine(Service):
         for hop_loop in self.loops:
             # every loop can deliver: each re-checks that targets exist (shared, cached list)
             hop_loop.before_decide = self.known_topics.ensure if s.check_target_exists else None
+            hop_loop.targets_settled = self.known_topics.settled
             hop_loop.on_target_failed = self.known_topics.forget
             await self.add_runtime_dependency(hop_loop)
         log.info(
