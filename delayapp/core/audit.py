@@ -195,6 +195,41 @@ def delivered(
     )
 
 
+def waiting(
+    record_id: str,
+    *,
+    at: int,
+    retries: int,
+    hops: int,
+    target: str | None,
+    awake_at: int | None,
+    due: int | None,
+    source: str,
+    priority: bool,
+    throttled_until: int | None,
+    delayed_at: int | None,
+) -> AuditEvent:
+    """The step of a record that now waits in a delay topic until ``awake_at`` (the router's
+    admission and every full-path hop build it here)."""
+    return _event(
+        record_id,
+        RecordStatus.WAITING,
+        at,
+        audit_seq(retries, hops, RecordStatus.WAITING),
+        retries,
+        hops,
+        target,
+        awake_at,
+        due,  # reactivate_at
+        None,  # lateness_ms
+        None,  # reason
+        source,
+        priority,
+        throttled_until,
+        delayed_at,
+    )
+
+
 def published(audit: AuditEvent, *, entering: bool, every_hop: bool) -> bool:
     """True for the steps written to the audit stream and the read model: a record entering
     delayapp (its first hop, at ingress), and leaving it (delivered, dead-lettered,

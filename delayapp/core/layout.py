@@ -5,6 +5,7 @@ Pure: :mod:`delayapp.engine.topics` creates and checks them on a broker.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from delayapp.core.durations import format_duration
@@ -15,6 +16,12 @@ DAY_MS = 86_400_000
 TIMESTAMP_TYPE = "message.timestamp.type"
 LOG_APPEND_TIME = "LogAppendTime"  # record timestamps are the broker's append time
 CLEANUP_POLICY = "cleanup.policy"
+
+
+@functools.lru_cache(maxsize=1024)
+def _delay_topic(prefix: str, denomination_ms: int, priority: bool) -> str:
+    # named once per denomination, not once per record the router admits
+    return f"{prefix}.delay.{format_duration(denomination_ms)}{'.priority' if priority else ''}"
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,7 @@ class TopicLayout:
 
     def delay_topic(self, denomination_ms: int, *, priority: bool = False) -> str:
         """The topic of one denomination, e.g. ``delayapp.delay.5s`` (``...5s.priority``: fast lane)."""
-        return f"{self.prefix}.delay.{format_duration(denomination_ms)}{'.priority' if priority else ''}"
+        return _delay_topic(self.prefix, denomination_ms, priority)
 
     @property
     def delay_topics(self) -> dict[int, str]:

