@@ -1,15 +1,18 @@
-"""The clocks a due time is compared with: the worker's own and the broker's, never early by either.
+"""The clock a due time is compared with: the cluster's, the broker's, whatever a worker's says.
 
-A worker whose clock runs ahead would release records early by everyone else's clock. The
-broker's clock is the one every worker shares, and Kafka reveals it: a record written to a
-topic with ``message.timestamp.type=LogAppendTime`` is stamped by the broker, and the produce
-acknowledgement carries that stamp. When the acknowledgement arrives the broker's clock reads
-at least that stamp, so ``stamp + time elapsed since (monotonic)`` is a lower bound of the
+A worker whose clock runs ahead would release records early by everyone else's clock, and one
+whose clock runs behind would hold them late. The broker's clock is the one every worker
+shares, and Kafka reveals it: a record written to a topic with
+``message.timestamp.type=LogAppendTime`` is stamped by the broker, and the produce
+acknowledgement (or a fetch) carries that stamp. When it arrives the broker's clock reads at
+least that stamp, so ``stamp + time elapsed since (monotonic)`` is a lower bound of the
 broker's time that no jump of the worker's wall clock can move.
 
-:class:`GuardedClock` answers the earlier of the worker's wall clock and that lower bound, so a
-record is released only once it is due by both. Without a recent sample (a broker that ignores
-``LogAppendTime``, like the embedded one) it answers the wall clock alone and says so.
+:class:`GuardedClock` answers that lower bound: every due comparison, every wait a hop writes
+(``awakeAt``) and the timestamp a worker sets on what it writes come from it, so a record is
+never early by the cluster's clock, and late only by how far the bound trails the broker's
+clock (the time from a stamp to its arrival: milliseconds). Without a recent sample (a broker
+that ignores ``LogAppendTime``, like the embedded one) it answers the wall clock and says so.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ SAMPLE_WINDOW_MS = 30_000  # older samples are dropped: the two clocks' rates ma
 
 
 class GuardedClock:
-    """Now, by the later-running of two clocks: the wall clock and the broker's (a lower bound)."""
+    """Now, by the broker's clock (a lower bound), or by the wall clock while it is not measured."""
 
     def __init__(
         self,
@@ -91,7 +94,6 @@ class GuardedClock:
         return self.broker_lower_bound() is not None
 
     def __call__(self) -> int:
-        """Epoch ms that is not ahead of the wall clock nor of the broker's clock."""
-        wall = self._wall()
+        """Epoch ms not ahead of the broker's clock (the wall clock's, while it is not measured)."""
         broker = self.broker_lower_bound()
-        return wall if broker is None else min(wall, broker)
+        return self._wall() if broker is None else broker

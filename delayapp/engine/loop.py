@@ -20,8 +20,9 @@ acknowledged (at_least_once), or one transaction spans the batches of up to ``co
 and is committed as soon as the loop is idle (exactly_once, with the consumer's group metadata:
 KIP-447, so a member the group has replaced can never commit).
 
-Never early, by any clock: due times are compared with :class:`delayapp.core.clock.GuardedClock`
-(the earlier of the worker's wall clock and a lower bound of the broker's), and a record's
+Never early by the cluster's clock: due times are compared with
+:class:`delayapp.core.clock.GuardedClock` (a lower bound of the broker's clock, whatever this
+worker's wall clock says), and a record's
 ``awakeAt`` is believed only as far as its topic's denomination allows, so a forged or
 skewed ``awakeAt`` cannot hold a partition beyond it.
 

@@ -140,7 +140,7 @@ class DelayEngine(Service):
         await self._probe_clock()
         if self.clock.measured:
             log.info(
-                "broker clock: measured (worker clock %+d ms against the broker's); due times are guarded by both",
+                "broker clock: measured (worker clock %+d ms against the broker's); due times follow the broker's",
                 self.clock.skew_ms(),
             )
         else:
@@ -221,9 +221,7 @@ class DelayEngine(Service):
                 "this worker's clock is %d ms %s the broker's: %s",
                 abs(skew),
                 "ahead of" if skew > 0 else "behind",
-                "due times follow the broker's clock (never early)"
-                if skew > 0
-                else "records are released late by as much; check NTP",
+                "due times follow the broker's clock, not this one; check NTP",
             )
 
     async def _probe_clock(self) -> None:

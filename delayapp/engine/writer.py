@@ -121,8 +121,11 @@ class Writer:
 
     def emit(self, batch: Decided) -> None:
         """Hand a batch's writes, and the audit events of its published steps, to librdkafka at
-        once; they are acknowledged as a whole by the committer."""
+        once; they are acknowledged as a whole by the committer. Each write is stamped with the
+        loop's clock (the broker's, from below): a target in CreateTime sees no record early,
+        whatever this worker's own clock says."""
         careful, produce, hops = self.careful, self.producer.produce, 0
+        stamp = self.clock()
         for key, entry, outputs in batch:
             kind = type(outputs)
             if kind is LeanHop or kind is LeanDelivery:  # the fetched record, with the headers the step wrote
@@ -132,12 +135,19 @@ class Writer:
                 try:
                     if careful:
                         written = partial(self._write_failed, key, entry, step.topic, getattr(step, "audit", None))
-                        produce(step.topic, message.value(), message.key(), headers=headers, on_delivery=written)
+                        produce(
+                            step.topic,
+                            message.value(),
+                            message.key(),
+                            headers=headers,
+                            timestamp=stamp,
+                            on_delivery=written,
+                        )
                     else:
-                        produce(step.topic, message.value(), message.key(), headers=headers)
+                        produce(step.topic, message.value(), message.key(), headers=headers, timestamp=stamp)
                 except (BufferError, KafkaException):  # the queue is full, or refused before queuing
                     written = partial(self._write_failed, key, entry, step.topic, getattr(step, "audit", None))
-                    self.produce(step.topic, message.value(), message.key(), step.headers, written)
+                    self.produce(step.topic, message.value(), message.key(), step.headers, written, stamp)
                 if kind is LeanHop:
                     hops += 1
                 else:
@@ -150,7 +160,7 @@ class Writer:
                         written_for = partial(self._dead_letter_failed, entry, output)
                     elif careful:
                         written_for = partial(self._write_failed, key, entry, output.topic, output.audit)
-                    self.produce(output.topic, output.value, output.key, output.headers, written_for)
+                    self.produce(output.topic, output.value, output.key, output.headers, written_for, stamp)
                 if output.audit is not None:
                     self.account(output.topic, output.audit)
         if hops:
@@ -163,8 +173,11 @@ class Writer:
         key: bytes | None,
         headers: OutputHeaders | LeanHeaders | None,
         on_error: Callable[[KafkaError | None, Message | None], None] | None = None,
+        timestamp: int | None = None,
     ) -> None:
-        """Queue one write; ``on_error`` is told if it fails (None: :meth:`delivery_failed` is)."""
+        """Queue one write stamped ``timestamp`` (None: the loop's clock now); ``on_error`` is
+        told if it fails (None: :meth:`delivery_failed` is)."""
+        stamp = self.clock() if timestamp is None else timestamp
         producer = self.producer
         # the stub asks for list[tuple[str, str | bytes | None]]; ours holds a narrower value type,
         # which mypy refuses only because lists are invariant
@@ -172,9 +185,11 @@ class Writer:
         while True:
             try:
                 if on_error is None:
-                    producer.produce(topic, value, key, headers=librdkafka_headers)
+                    producer.produce(topic, value, key, headers=librdkafka_headers, timestamp=stamp)
                 else:
-                    producer.produce(topic, value, key, headers=librdkafka_headers, on_delivery=on_error)
+                    producer.produce(
+                        topic, value, key, headers=librdkafka_headers, timestamp=stamp, on_delivery=on_error
+                    )
                 return
             except BufferError:  # librdkafka's queue is full: serve acknowledgements, then try again
                 producer.poll(0.005)
@@ -300,13 +315,13 @@ class Writer:
 
     def publish(self, topic: str | None, audit: AuditEvent) -> None:
         """Write ``audit`` to the audit stream and the record-states topic."""
-        encoded, record_id = audit.encode(topic, None, None), audit.record_id.encode()
+        encoded, record_id, at = audit.encode(topic, None, None), audit.record_id.encode(), audit.at
         produce = self.producer.produce
         for stream in self._streams:
             try:
-                produce(stream, encoded, record_id)
+                produce(stream, encoded, record_id, timestamp=at)
             except (BufferError, KafkaException):  # the queue is full, or refused before queuing
-                self.produce(stream, encoded, record_id, None)
+                self.produce(stream, encoded, record_id, None, None, at)
 
     def publish_unpublished(self) -> bool:
         """at_least_once, once every write in flight is acknowledged: publish the steps they

@@ -215,12 +215,15 @@ async def test_records_deleted_by_retention_before_they_were_forwarded_sound_an_
         await collector.stop()
 
 
-async def test_a_worker_whose_clock_runs_five_seconds_ahead_releases_nothing_early(bootstrap: str) -> None:
-    """Finding 4: due times are held to the broker's clock. The worker runs under libfaketime five
-    seconds ahead; the target stamps each delivery with the broker's clock (LogAppendTime)."""
+@pytest.mark.parametrize("skew", ["+5s", "-5s"])
+async def test_a_worker_whose_clock_is_skewed_delivers_by_the_brokers_clock(bootstrap: str, skew: str) -> None:
+    """Due times are held to the cluster's clock, the broker's, whatever the worker's says. The
+    worker runs under libfaketime five seconds ahead or behind; the target stamps each delivery
+    with the broker's clock (LogAppendTime). Ahead, nothing is early; behind, nothing waits for
+    the worker's own clock (it once did: seconds late)."""
     await needs_topic_configs(bootstrap)
     if not os.path.exists(FAKETIME_LIB) or shutil.which("faketime") is None:
-        pytest.skip("libfaketime is not installed (Debian package faketime)")
+        pytest.skip("libfaketime is not installed (Debian package faketime: bin/setup-test-tools)")
     prefix, target = unique("skew"), unique("skew-target-")
     await create_topics(bootstrap, target, partitions=2, configs={"message.timestamp.type": "LogAppendTime"})
     worker = Worker(
@@ -228,7 +231,7 @@ async def test_a_worker_whose_clock_runs_five_seconds_ahead_releases_nothing_ear
         prefix,
         DELAYAPP_ALLOWED_TARGETS="skew-target-*",
         LD_PRELOAD=FAKETIME_LIB,
-        FAKETIME="+5s",
+        FAKETIME=skew,
         FAKETIME_DONT_FAKE_MONOTONIC="1",
         FAKETIME_DONT_RESET="1",
     ).start()
@@ -240,15 +243,31 @@ async def test_a_worker_whose_clock_runs_five_seconds_ahead_releases_nothing_ear
         due: dict[bytes, int] = {}
         p = await producer(bootstrap)
         try:
-            for i in range(20):
+            # one record through every loop first: the groups' first assignments (Apache Kafka
+            # holds a new group's first rebalance 3 s) are not the clock's lateness
+            await schedule(
+                p, target, b"warm-up", key=b"warm-up", at=now_ms() + 3_500, ingress_topic=f"{prefix}.ingress"
+            )
+            await wait_for(lambda: collector.on(target), 60, "the warm-up record")
+            for i in range(40):
                 key = f"k{i}".encode()
-                due[key] = now_ms() + 500 + 150 * i
+                due[key] = now_ms() + 500 + 100 * i
                 await schedule(p, target, orjson.dumps(i), key=key, at=due[key], ingress_topic=f"{prefix}.ingress")
         finally:
             await p.stop()
-        await wait_for(lambda: len(collector.on(target)) >= len(due), 60, "every delivery")
-        early = {r.key: due[r.key] - r.timestamp for r in collector.on(target) if r.timestamp < due[r.key]}
-        assert early == {}, f"released early by the broker's clock (ms early): {early}"
+        await wait_for(lambda: len(collector.on(target)) > len(due), 60, "every delivery")
+        lateness = sorted(r.timestamp - due[r.key] for r in collector.on(target) if r.key in due)
+        early = [late for late in lateness if late < 0]
+        assert early == [], f"released early by the broker's clock (ms): {early}"
+        print(f"skew {skew}: lateness p50 {lateness[len(lateness) // 2]} ms, max {lateness[-1]} ms")
+        if "SESSTMOUT" in worker.log:
+            # libfaketime moves librdkafka's own timed waits with the clock: ahead, its threads
+            # oversleep, the group sessions time out and every loop rejoins, seconds late. A
+            # machine whose clock is really ahead has no such stall: lateness here is the tool's.
+            assert skew.startswith("+"), worker.log[-3000:]
+            return
+        # behaviour, not speed: a worker behind the broker does not wait for its own clock
+        assert lateness[-1] < 2_500, f"waited for the worker's skewed clock: lateness {lateness}"
     finally:
         if collector is not None:
             await collector.stop()
