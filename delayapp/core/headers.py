@@ -13,7 +13,8 @@ Every other header, the key and the value pass through untouched and in order.
 
 Some headers only delayapp may write (:data:`NEVER_FROM_PRODUCER`): the per-hop state
 (``delayedAt``, ``awakeAt``, ``delayHops``, ``throttledUntil``) and the dead-letter headers.
-At ingress they are stripped (:func:`strip_never_from_producer`). Time headers are epoch
+At ingress they are stripped (:func:`strip_never_from_producer`); a dead letter, which keeps
+the record as sent, carries them renamed (:func:`as_sent`). Time headers are epoch
 milliseconds; a value below :data:`MIN_TIMESTAMP_MS` is refused (:class:`NotEpochMillis`):
 it is epoch seconds, or an unset field, never a moment anyone means.
 """
@@ -298,6 +299,28 @@ def encode(state: DelayHeaders, passthrough: Iterable[tuple[str, bytes]] = ()) -
     return out
 
 
+_DEAD_LETTER_NAMES = frozenset(DEAD_LETTER_HEADERS)
+SENT_AS_PREFIX = "producer."
+"""What a dead letter renames a header delayapp owns to when delayapp did not write it:
+``producer.deadLetterReason`` is the ``deadLetterReason`` the record was sent with."""
+
+
+def as_sent(headers: Iterable[tuple[str, HeaderValue]], *, from_producer: bool) -> list[tuple[str, HeaderValue]]:
+    """``headers``, in order, with every header delayapp owns but did not write renamed to
+    :data:`SENT_AS_PREFIX` + its name, so that a dead letter carries only delayapp's own.
+
+    The dead-letter headers (:data:`DEAD_LETTER_HEADERS`) are always renamed: delayapp writes
+    them only onto the dead letter it is building, so any a record already carries came from
+    elsewhere. The engine's state (:data:`ENGINE_STATE`) is renamed when the record came
+    from a producer (``from_producer``: an ingress or compat record, or one a consumer
+    handles at its target); on a record read from a delay topic it is the engine's own.
+    Renamed rather than dropped: a dead letter shows what was sent, without a reader (kcat,
+    a client's first header) ever taking a producer's value for delayapp's.
+    """
+    owned = NEVER_FROM_PRODUCER if from_producer else _DEAD_LETTER_NAMES
+    return [(SENT_AS_PREFIX + name, raw) if name in owned else (name, raw) for name, raw in headers]
+
+
 def dead_letter_headers(
     headers: Iterable[tuple[str, HeaderValue]],
     *,
@@ -305,15 +328,26 @@ def dead_letter_headers(
     detail: str,
     now_ms: int,
     source: str,
+    from_producer: bool = True,
+    value_dropped: int | None = None,
 ) -> list[tuple[str, HeaderValue | bytes]]:
-    """``headers`` followed by the dead-letter headers: reason, a sentence (at most 1000 bytes), when, from where."""
-    return [
-        *headers,
+    """The headers of a dead letter: ``headers`` as sent (:func:`as_sent`: what delayapp owns
+    but did not write is renamed), then exactly one of each dead-letter header: the reason, a
+    sentence (at most 1000 bytes), when, from where, and, when the value was left out
+    (``value_dropped``: its size in bytes), ``deadLetterValueDropped``.
+
+    ``from_producer`` False: ``headers`` are a delay topic's record, whose engine state
+    (``delayHops``, ``awakeAt``...) delayapp wrote and keeps."""
+    out: list[tuple[str, HeaderValue | bytes]] = [
+        *as_sent(headers, from_producer=from_producer),
         (DEAD_LETTER_REASON, reason.encode()),
         (DEAD_LETTER_DETAIL, detail.encode("utf-8", "backslashreplace")[:MAX_DETAIL_BYTES]),
         (DEAD_LETTER_AT, str(now_ms).encode()),
         (DEAD_LETTER_FROM, source.encode("utf-8", "backslashreplace")),
     ]
+    if value_dropped is not None:
+        out.append((DEAD_LETTER_VALUE_DROPPED, str(value_dropped).encode()))
+    return out
 
 
 def header_value(headers: Headers | None, name: str) -> bytes | None:

@@ -128,6 +128,8 @@ class RecordHandler(Handler):
         self.cancellations = cancellations
         self.slots = slots
         self.priority_lane = priority_lane
+        # records read from these carry engine state delayapp wrote; any other came from a producer
+        self._delay_topics = frozenset((*layout.delay_topics.values(), *layout.priority_topics.values()))
         # ingress records without broker time that wait in the router: when it first read them
         self._first_seen: dict[tuple[str, int, int], int] = {}
         self._lean = LeanStep(
@@ -329,15 +331,22 @@ class RecordHandler(Handler):
     ) -> Output:
         """The dead-letter copy: original key, value and headers, plus reason and detail.
 
+        The headers delayapp owns that it did not write are renamed (:func:`delayapp.core.headers.as_sent`):
+        on a record read from anywhere but a delay topic, every one of them came from its producer.
+
         ``drop_value`` leaves the value out (it cannot be written anywhere); the header
         ``deadLetterValueDropped`` then gives its size and ``deadLetterFrom`` where it still is.
         """
         source = f"{record.topic}/{record.partition}/{record.offset}"
         headers = h.dead_letter_headers(
-            record.headers or (), reason=verdict.reason.value, detail=verdict.detail, now_ms=now, source=source
+            record.headers or (),
+            reason=verdict.reason.value,
+            detail=verdict.detail,
+            now_ms=now,
+            source=source,
+            from_producer=record.topic not in self._delay_topics,
+            value_dropped=len(record.value or b"") if drop_value else None,
         )
-        if drop_value:
-            headers.append((h.DEAD_LETTER_VALUE_DROPPED, str(len(record.value or b"")).encode()))
         retries = (state.time_retried or 0) if state else 0
         hops = (state.delay_hops or 0) if state else 0
         record_id = (state.record_id if state else None) or stable_record_id(
