@@ -4,7 +4,7 @@ Values are ASCII decimal epoch milliseconds (or counts, or a topic name), so kca
 Go producers can set them without a library. Names are the white paper's:
 
 * irremovable, kept at the target: ``recordId`` (stable logical id), ``originatedAt``,
-  ``timeRetried``, ``validAt``, ``expireAt``;
+  ``timeRetried``, ``validAt``, ``expireAt``, ``timeReplayed`` (set by the dead-letter replay);
 * removable, stripped before the target: ``delayedAt``, ``reactivateAt``,
   ``reactivateToTopic``, ``awakeAt``, plus the producer's relative ``delayMs`` and the
   engine's ``delayHops`` counter.
@@ -32,6 +32,7 @@ ORIGINATED_AT = "originatedAt"
 TIME_RETRIED = "timeRetried"
 VALID_AT = "validAt"
 EXPIRE_AT = "expireAt"
+TIME_REPLAYED = "timeReplayed"  # how many times the dead-letter replay sent the record back in
 DELAYED_AT = "delayedAt"
 REACTIVATE_AT = "reactivateAt"
 REACTIVATE_TO_TOPIC = "reactivateToTopic"
@@ -44,7 +45,7 @@ THROTTLED_UNTIL = "throttledUntil"  # a delivery slot reserved under the target'
 PRIORITY_HIGH = "high"
 PRIORITIES = ("high", "normal")
 
-IRREMOVABLE = (RECORD_ID, ORIGINATED_AT, TIME_RETRIED, VALID_AT, EXPIRE_AT)
+IRREMOVABLE = (RECORD_ID, ORIGINATED_AT, TIME_RETRIED, VALID_AT, EXPIRE_AT, TIME_REPLAYED)
 REMOVABLE = (DELAYED_AT, REACTIVATE_AT, REACTIVATE_TO_TOPIC, AWAKE_AT, DELAY_MS, DELAY_HOPS, PRIORITY, THROTTLED_UNTIL)
 DELAY_HEADERS = IRREMOVABLE + REMOVABLE
 TIME_HEADERS = (ORIGINATED_AT, VALID_AT, EXPIRE_AT, DELAYED_AT, REACTIVATE_AT, AWAKE_AT, THROTTLED_UNTIL)
@@ -105,6 +106,7 @@ class DelayHeaders(NamedTuple):
     time_retried: int | None = None
     valid_at: int | None = None
     expire_at: int | None = None
+    time_replayed: int | None = None
     delayed_at: int | None = None
     reactivate_at: int | None = None
     reactivate_to_topic: str | None = None
@@ -131,6 +133,7 @@ class DelayHeaders(NamedTuple):
             time_retried=self.time_retried,
             valid_at=self.valid_at,
             expire_at=self.expire_at,
+            time_replayed=self.time_replayed,
         )
 
 
@@ -140,6 +143,7 @@ _FIELD_BY_HEADER = {
     TIME_RETRIED: "time_retried",
     VALID_AT: "valid_at",
     EXPIRE_AT: "expire_at",
+    TIME_REPLAYED: "time_replayed",
     DELAYED_AT: "delayed_at",
     REACTIVATE_AT: "reactivate_at",
     REACTIVATE_TO_TOPIC: "reactivate_to_topic",
@@ -150,7 +154,7 @@ _FIELD_BY_HEADER = {
     THROTTLED_UNTIL: "throttled_until",
 }
 assert tuple(_FIELD_BY_HEADER[name] for name in DELAY_HEADERS) == DelayHeaders._fields  # encode relies on the order
-_COUNTS = {TIME_RETRIED, DELAY_HOPS}
+_COUNTS = {TIME_RETRIED, DELAY_HOPS, TIME_REPLAYED}
 _TIMES = frozenset(TIME_HEADERS)
 
 

@@ -123,7 +123,9 @@ def replay_record_headers(
     ``delayHops``, ``throttledUntil``: the router would strip them anyway), and their copies a
     producer had sent (``producer.deadLetterReason``...), go; the irremovable headers
     (``recordId``, ``originatedAt``, ``timeRetried``...) and the user's own headers stay,
-    so the record keeps its identity. ``replayedFrom`` names the dead letter. With
+    so the record keeps its identity. ``timeReplayed`` counts the replays (one more than the
+    dead letter's), so the read model ranks the record's new steps after its dead letter,
+    whatever their hops (:func:`delayapp.core.audit.step_order`). ``replayedFrom`` names the dead letter. With
     ``delay_ms`` the record gets a new due time, ``now_ms + delay_ms``; otherwise it keeps
     its own (a due time already past is delivered at once, if the policies allow).
     """
@@ -132,11 +134,19 @@ def replay_record_headers(
         return Skip("tombstone: a null value is never delayed")
     if h.header_value(_engine_block(hs), h.DEAD_LETTER_VALUE_DROPPED) is not None:
         return Skip("its value was dropped when it was dead-lettered (too large); the original is at deadLetterFrom")
-    drop = DEAD_LETTER_HEADERS | _RESET_ON_REPLAY | _SENT_OWNED
+    drop = DEAD_LETTER_HEADERS | _RESET_ON_REPLAY | _SENT_OWNED | {h.TIME_REPLAYED}
     if delay_ms is not None:
         drop |= _DUE_TIME_HEADERS
     out = [(name, b"" if raw is None else raw) for name, raw in hs if name not in drop]
     if delay_ms is not None:
         out.append((h.REACTIVATE_AT, str(now_ms + delay_ms).encode()))
+    out.append((h.TIME_REPLAYED, str(_replays(hs) + 1).encode()))
     out.append((REPLAYED_FROM, source_key.encode()))
     return out
+
+
+def _replays(headers: list[tuple[str, bytes | None]]) -> int:
+    """How many times the record of a dead letter had been replayed (``timeReplayed``; 0 when
+    absent, or unreadable: its dead letter may be a malformed header's)."""
+    raw = h.header_value(headers, h.TIME_REPLAYED)
+    return int(raw) if raw is not None and raw.isdigit() and int(raw) < h.MAX_COUNT else 0

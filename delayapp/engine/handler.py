@@ -105,6 +105,13 @@ class Handler(Protocol):
         ...
 
 
+def _replays(headers: h.Headers | None) -> int:
+    """``timeReplayed`` of a record whose headers did not decode, as far as it can be read (0 if not):
+    the dead letter of a replayed record still ranks after the one it was replayed from."""
+    raw = h.header_value(headers, h.TIME_REPLAYED)
+    return int(raw) if raw is not None and raw.isdigit() and len(raw) <= 7 else 0
+
+
 class RecordHandler(Handler):
     """Decides, for each consumed record, to wait, hop, deliver or dead-letter it."""
 
@@ -250,6 +257,7 @@ class RecordHandler(Handler):
                 source=source,
                 priority=state.is_priority,
                 delayed_at=state.delayed_at,
+                replays=state.time_replayed or 0,
             )
             return [Output(None, None, None, [], event)]
         step = route(state, now_ms=now, planner=self.planner, policy=self.policy, known_topics=self.known_topics())
@@ -276,6 +284,7 @@ class RecordHandler(Handler):
                 priority=new.is_priority,
                 throttled_until=new.throttled_until,
                 delayed_at=new.delayed_at,
+                replays=new.time_replayed or 0,
             )
             topic = self.layout.delay_topic(step.hop.denomination_ms, priority=new.is_priority and self.priority_lane)
             return [Output(topic, record.key, record.value, h.encode(new, passthrough), event)]
@@ -291,6 +300,7 @@ class RecordHandler(Handler):
             priority=state.is_priority,
             throttled_until=throttled_until,
             delayed_at=state.delayed_at,
+            replays=state.time_replayed or 0,
         )
         return [Output(step.topic, record.key, record.value, h.encode(step.state, passthrough), event)]
 
@@ -362,5 +372,6 @@ class RecordHandler(Handler):
             state.reactivate_to_topic if state else None,
             reason=verdict.reason.value,
             source=source,
+            replays=(state.time_replayed or 0) if state else _replays(record.headers),
         )
         return Output(self.layout.dead_letter, record.key, None if drop_value else record.value, headers, event)
