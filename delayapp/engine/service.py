@@ -194,6 +194,9 @@ class DelayEngine(Service):
         )
 
     async def on_stop(self) -> None:
+        # every loop leaves its group at once: mode would stop them one after another, each
+        # waiting out its own leave, and Ctrl-C would take the sum of them
+        await asyncio.gather(*(hop_loop.stop() for hop_loop in self.loops))
         await self._lag_sampler.close()
         for producer in (self._producer, self._clock_producer):
             if producer is not None:
