@@ -9,11 +9,16 @@ before it was killed. Here the first process of the Procfile (the broker) is sto
 
 1. Ctrl-C (SIGINT) or SIGTERM, or any process exiting on its own, starts the stop;
 2. every other process gets SIGTERM at once and :data:`GRACE_S` to exit, while the broker still
-   serves (the worker leaves its groups, the demo closes its clients); what they print in the
-   meantime is kept to warnings and errors;
+   serves (the worker leaves its groups, the demo closes its clients);
 3. then the first process gets SIGTERM and the rest of the grace;
 4. a line says what stopped and how long it took. Only a process still running after the grace
    is killed (SIGKILL), and the line says so.
+
+What the processes print while they stop (a worker's ~35 lines of INFO, or, with the broker
+gone, a client's connection errors) goes to a file, not the terminal; a last line names the
+file when warnings or errors are in it (``--verbose`` shows it all instead). When the first
+process has already exited (the broker crashed), there is no leave to wait for: the others get
+:data:`BROKERLESS_S`.
 
 Every process runs in a session of its own, so a terminal's Ctrl-C reaches this launcher only,
 which alone decides the order.
@@ -28,9 +33,10 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import IO
@@ -42,8 +48,11 @@ a user (and honcho, before) waits."""
 BROKER_S = 1.0
 """Part of the grace kept for the first process (the broker), which stops in well under a second."""
 
-_QUIET_OK = re.compile(r"\b(WARNING|ERROR|CRITICAL|Traceback)\b|^\s*\w*Error\b")
-"""While stopping, only lines that look like a problem are shown (not the INFO of a stop)."""
+BROKERLESS_S = 2.0
+"""Grace of the others when the first process is already gone: a worker without a broker has
+no group to leave (its loops stop in ~1.5 s; Faust's own consumer may hang: it is killed)."""
+
+_PROBLEM = re.compile(r"\b(WARNING|ERROR|CRITICAL|Traceback)\b")
 
 
 @dataclass
@@ -56,7 +65,6 @@ class Proc:
     pump: threading.Thread | None = None
     stopped_in_s: float | None = None
     killed: bool = False
-    held: list[str] = field(default_factory=list)  # lines not shown while stopping
 
 
 def read_procfile(path: Path) -> list[Proc]:
@@ -87,6 +95,8 @@ class Launcher:
         self.width = max(len(p.name) for p in procs)
         self.stopping = threading.Event()
         self._print_lock = threading.Lock()
+        self.stop_log: IO[str] | None = None  # what the processes print while stopping
+        self.held = self.problems = 0
 
     def say(self, name: str, text: str) -> None:
         """Print one line as ``HH:MM:SS name | text``."""
@@ -98,8 +108,12 @@ class Launcher:
         assert proc.process is not None and proc.process.stdout is not None
         for raw in proc.process.stdout:
             line = raw.decode("utf-8", "replace").rstrip()
-            if self.stopping.is_set() and not self.verbose and not _QUIET_OK.search(line):
-                proc.held.append(line)  # the INFO chatter of a stop: not what the user asked about
+            if self.stopping.is_set() and not self.verbose:
+                with self._print_lock:
+                    if self.stop_log is not None:
+                        self.stop_log.write(f"{datetime.now():%H:%M:%S.%f} {proc.name} | {line}\n")
+                    self.held += 1
+                    self.problems += bool(_PROBLEM.search(line))
                 continue
             self.say(proc.name, line)
 
@@ -140,13 +154,31 @@ class Launcher:
 
     def stop(self, why: str) -> int:
         """Stop every process, the first one last; 0 when all stopped without a kill."""
-        self.stopping.set()
         first, rest = self.procs[0], self.procs[1:]
+        assert first.process is not None
+        if not self.verbose:
+            self.stop_log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below, kept on disk
+                "w", prefix="delayapp-stop-", suffix=".log", delete=False
+            )
+        self.stopping.set()
         started = time.monotonic()
         self.say("launcher", f"{why}: stopping {', '.join(p.name for p in rest) or 'nothing'}, then {first.name}")
-        self._stop_group(rest, started, deadline=started + self.grace_s - BROKER_S)
-        self._stop_group([first], started, deadline=started + self.grace_s)
-        return 1 if any(p.killed for p in self.procs) else 0
+        first_gone = first.process.poll() is not None
+        if first_gone:  # its exit started the stop: said above
+            first.stopped_in_s = 0.0
+        grace_s = min(BROKERLESS_S, self.grace_s) if first_gone else self.grace_s - BROKER_S
+        self._stop_group(rest, started, deadline=started + grace_s)
+        if not first_gone:
+            self._stop_group([first], started, deadline=started + self.grace_s)
+        if self.stop_log is not None:
+            with self._print_lock:
+                self.stop_log.close()
+            if self.problems:
+                printed = f"{self.held} lines printed while stopping, {self.problems} warnings or errors"
+                self.say("launcher", f"{printed}: {self.stop_log.name}")
+            else:
+                os.unlink(self.stop_log.name)
+        return 1 if first_gone or any(p.killed for p in self.procs) else 0
 
     def _stopped(self, proc: Proc, started: float) -> None:
         """Note and say that ``proc`` is gone (after its last output)."""
@@ -155,7 +187,11 @@ class Launcher:
             proc.pump.join(1)
         assert proc.process is not None
         code = proc.process.returncode
-        how = f"killed (SIGKILL) after {self.grace_s:.1f} s" if proc.killed else f"stopped in {proc.stopped_in_s:.1f} s"
+        how = (
+            f"killed (SIGKILL) after {proc.stopped_in_s:.1f} s: still running at the end of the grace"
+            if proc.killed
+            else f"stopped in {proc.stopped_in_s:.1f} s"
+        )
         self.say(
             "launcher", f"{proc.name} {how}" + (f" (exit {code})" if code not in (0, None) and not proc.killed else "")
         )

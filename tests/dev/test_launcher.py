@@ -7,7 +7,7 @@ import io
 import time
 from pathlib import Path
 
-from delayapp.dev.launcher import Launcher, read_procfile
+from delayapp.dev.launcher import BROKERLESS_S, Launcher, read_procfile
 
 
 def run(tmp_path: Path, procfile: str, grace_s: float, ready: tuple[str, ...]) -> tuple[int, str, float]:
@@ -58,3 +58,33 @@ def test_read_procfile_refuses_a_line_without_a_name(tmp_path: Path) -> None:
         assert "expected 'name: command'" in str(exc)
     else:
         raise AssertionError("accepted")
+
+
+def test_with_the_first_process_gone_the_others_get_a_short_grace_and_their_noise_goes_to_a_file(
+    tmp_path: Path,
+) -> None:
+    """The broker crashed: no leave to wait for. A worker that cannot stop without it is killed
+    after BROKERLESS_S, and what it prints meanwhile is kept out of the terminal, in a file."""
+    procfile = (
+        "broker: exit 3\n"
+        "worker: trap 'while true; do echo \"[ERROR] Connect to broker failed\"; sleep 0.001; done' TERM; "
+        "echo worker-ready; while true; do sleep 0.05; done\n"
+    )
+    (tmp_path / "Procfile").write_text(procfile)
+    out = io.StringIO()
+    launcher = Launcher(read_procfile(tmp_path / "Procfile"), out=out, grace_s=4.5)
+    launcher.start()
+    deadline = time.monotonic() + 10
+    while not ("worker-ready" in out.getvalue() and launcher.procs[0].process.poll() is not None):
+        assert time.monotonic() < deadline, out.getvalue()
+        time.sleep(0.05)
+    started = time.monotonic()
+    code = launcher.stop("broker exited (3)")
+    took = time.monotonic() - started
+    after = out.getvalue().split("broker exited (3)")[1]
+    assert code == 1 and took < BROKERLESS_S + 1, out.getvalue()
+    assert "Connect to broker failed" not in after and "worker killed (SIGKILL)" in after, after
+    assert len(after.strip().splitlines()) <= 3, after
+    log = Path(after.strip().splitlines()[-1].split(": ")[-1])
+    assert "warnings or errors" in after and "Connect to broker failed" in log.read_text()
+    log.unlink()
