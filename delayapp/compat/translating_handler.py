@@ -123,7 +123,8 @@ class TranslatingHandler(Handler):
         # ones followed by the dead-letter headers. Put the source record's back in front.
         added = dead.headers[len(translated.headers) :]
         value = None if dead.value is None else record.value  # None: the value was dropped (oversize)
-        return replace(dead, key=record.key, value=value, headers=[*(record.headers or ()), *added])
+        sent = h.as_sent(record.headers or (), from_producer=True)  # a compat source is written by producers
+        return replace(dead, key=record.key, value=value, headers=[*sent, *added])
 
 
 def envelope_handler(inner: RecordHandler) -> TranslatingHandler:

@@ -86,6 +86,7 @@ class AuditEvent:
     priority: bool = False
     throttled_until: int | None = None  # the rate-limit slot the delivery waited for
     delayed_at: int | None = None  # when the application scheduled it (cancellations compare it)
+    replays: Count = 0  # timeReplayed: how many times the dead-letter replay sent it back in
 
     def __post_init__(self) -> None:
         if not isinstance(self.status, RecordStatus):
@@ -120,7 +121,7 @@ def _event(*values: Any) -> AuditEvent:
     :class:`RecordStatus` status), built without ``__init__``: for this module's builders, whose
     output the tests compare with the constructor's."""
     event = _new_event(AuditEvent)
-    for set_slot, value in zip(_SLOT_SETTERS, values):
+    for set_slot, value in zip(_SLOT_SETTERS, values, strict=True):  # a field left out is an error, not unset
         set_slot(event, value)
     return event
 
@@ -173,6 +174,7 @@ def delivered(
     priority: bool,
     throttled_until: int | None,
     delayed_at: int | None,
+    replays: int = 0,
 ) -> AuditEvent:
     """The step of a record delivered to ``target`` at ``at``, due at ``due`` (the lean and the
     full path build it here, so that they cannot differ)."""
@@ -192,6 +194,7 @@ def delivered(
         priority,
         throttled_until,
         delayed_at,
+        replays,
     )
 
 
@@ -243,13 +246,24 @@ def is_final(state: Any) -> bool:
     return isinstance(state, dict) and state.get("status") in FINAL
 
 
-def step_order(event: dict[str, Any]) -> tuple[int, bool, int]:
+def step_order(event: dict[str, Any]) -> tuple[int, int, bool, int]:
     """How far along its life a decoded ``event`` puts a record: its retry generation first,
-    then whether it left delayapp (delivered, dead-lettered, cancelled), then its ``seq``.
+    then how many times it was replayed from the dead-letter topic, then whether it left
+    delayapp (delivered, dead-lettered, cancelled), then its ``seq``.
+
+    A replay sends a dead letter back in as a new life of the same record: its hops start
+    again from 0, so its steps can carry a lower ``seq`` than the dead letter's (dead-lettered
+    at hop 3, delivered straight from the ingress at hop 0), yet every one of them comes after
+    it. ``replays`` (the ``timeReplayed`` header the replay increments) ranks them so.
 
     A final step outranks any ``waiting`` step of the same generation: once a generation is
     delivered, a ``waiting`` of it can only be a copy an at-least-once redo left behind (a
     batch hopped the record on, its commit was lost, the redo found it due and delivered it,
     at a lower ``seq``). That copy, when it arrives, is delivered again and says so.
     """
-    return int(event.get("retries") or 0), event.get("status") in FINAL, int(event.get("seq", -1))
+    return (
+        int(event.get("retries") or 0),
+        int(event.get("replays") or 0),
+        event.get("status") in FINAL,
+        int(event.get("seq", -1)),
+    )

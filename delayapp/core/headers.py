@@ -4,7 +4,7 @@ Values are ASCII decimal epoch milliseconds (or counts, or a topic name), so kca
 Go producers can set them without a library. Names are the white paper's:
 
 * irremovable, kept at the target: ``recordId`` (stable logical id), ``originatedAt``,
-  ``timeRetried``, ``validAt``, ``expireAt``;
+  ``timeRetried``, ``validAt``, ``expireAt``, ``timeReplayed`` (set by the dead-letter replay);
 * removable, stripped before the target: ``delayedAt``, ``reactivateAt``,
   ``reactivateToTopic``, ``awakeAt``, plus the producer's relative ``delayMs`` and the
   engine's ``delayHops`` counter.
@@ -13,7 +13,8 @@ Every other header, the key and the value pass through untouched and in order.
 
 Some headers only delayapp may write (:data:`NEVER_FROM_PRODUCER`): the per-hop state
 (``delayedAt``, ``awakeAt``, ``delayHops``, ``throttledUntil``) and the dead-letter headers.
-At ingress they are stripped (:func:`strip_never_from_producer`). Time headers are epoch
+At ingress they are stripped (:func:`strip_never_from_producer`); a dead letter, which keeps
+the record as sent, carries them renamed (:func:`as_sent`). Time headers are epoch
 milliseconds; a value below :data:`MIN_TIMESTAMP_MS` is refused (:class:`NotEpochMillis`):
 it is epoch seconds, or an unset field, never a moment anyone means.
 """
@@ -31,6 +32,7 @@ ORIGINATED_AT = "originatedAt"
 TIME_RETRIED = "timeRetried"
 VALID_AT = "validAt"
 EXPIRE_AT = "expireAt"
+TIME_REPLAYED = "timeReplayed"  # how many times the dead-letter replay sent the record back in
 DELAYED_AT = "delayedAt"
 REACTIVATE_AT = "reactivateAt"
 REACTIVATE_TO_TOPIC = "reactivateToTopic"
@@ -43,7 +45,7 @@ THROTTLED_UNTIL = "throttledUntil"  # a delivery slot reserved under the target'
 PRIORITY_HIGH = "high"
 PRIORITIES = ("high", "normal")
 
-IRREMOVABLE = (RECORD_ID, ORIGINATED_AT, TIME_RETRIED, VALID_AT, EXPIRE_AT)
+IRREMOVABLE = (RECORD_ID, ORIGINATED_AT, TIME_RETRIED, VALID_AT, EXPIRE_AT, TIME_REPLAYED)
 REMOVABLE = (DELAYED_AT, REACTIVATE_AT, REACTIVATE_TO_TOPIC, AWAKE_AT, DELAY_MS, DELAY_HOPS, PRIORITY, THROTTLED_UNTIL)
 DELAY_HEADERS = IRREMOVABLE + REMOVABLE
 TIME_HEADERS = (ORIGINATED_AT, VALID_AT, EXPIRE_AT, DELAYED_AT, REACTIVATE_AT, AWAKE_AT, THROTTLED_UNTIL)
@@ -104,6 +106,7 @@ class DelayHeaders(NamedTuple):
     time_retried: int | None = None
     valid_at: int | None = None
     expire_at: int | None = None
+    time_replayed: int | None = None
     delayed_at: int | None = None
     reactivate_at: int | None = None
     reactivate_to_topic: str | None = None
@@ -130,6 +133,7 @@ class DelayHeaders(NamedTuple):
             time_retried=self.time_retried,
             valid_at=self.valid_at,
             expire_at=self.expire_at,
+            time_replayed=self.time_replayed,
         )
 
 
@@ -139,6 +143,7 @@ _FIELD_BY_HEADER = {
     TIME_RETRIED: "time_retried",
     VALID_AT: "valid_at",
     EXPIRE_AT: "expire_at",
+    TIME_REPLAYED: "time_replayed",
     DELAYED_AT: "delayed_at",
     REACTIVATE_AT: "reactivate_at",
     REACTIVATE_TO_TOPIC: "reactivate_to_topic",
@@ -149,7 +154,7 @@ _FIELD_BY_HEADER = {
     THROTTLED_UNTIL: "throttled_until",
 }
 assert tuple(_FIELD_BY_HEADER[name] for name in DELAY_HEADERS) == DelayHeaders._fields  # encode relies on the order
-_COUNTS = {TIME_RETRIED, DELAY_HOPS}
+_COUNTS = {TIME_RETRIED, DELAY_HOPS, TIME_REPLAYED}
 _TIMES = frozenset(TIME_HEADERS)
 
 
@@ -298,6 +303,28 @@ def encode(state: DelayHeaders, passthrough: Iterable[tuple[str, bytes]] = ()) -
     return out
 
 
+_DEAD_LETTER_NAMES = frozenset(DEAD_LETTER_HEADERS)
+SENT_AS_PREFIX = "producer."
+"""What a dead letter renames a header delayapp owns to when delayapp did not write it:
+``producer.deadLetterReason`` is the ``deadLetterReason`` the record was sent with."""
+
+
+def as_sent(headers: Iterable[tuple[str, HeaderValue]], *, from_producer: bool) -> list[tuple[str, HeaderValue]]:
+    """``headers``, in order, with every header delayapp owns but did not write renamed to
+    :data:`SENT_AS_PREFIX` + its name, so that a dead letter carries only delayapp's own.
+
+    The dead-letter headers (:data:`DEAD_LETTER_HEADERS`) are always renamed: delayapp writes
+    them only onto the dead letter it is building, so any a record already carries came from
+    elsewhere. The engine's state (:data:`ENGINE_STATE`) is renamed when the record came
+    from a producer (``from_producer``: an ingress or compat record, or one a consumer
+    handles at its target); on a record read from a delay topic it is the engine's own.
+    Renamed rather than dropped: a dead letter shows what was sent, without a reader (kcat,
+    a client's first header) ever taking a producer's value for delayapp's.
+    """
+    owned = NEVER_FROM_PRODUCER if from_producer else _DEAD_LETTER_NAMES
+    return [(SENT_AS_PREFIX + name, raw) if name in owned else (name, raw) for name, raw in headers]
+
+
 def dead_letter_headers(
     headers: Iterable[tuple[str, HeaderValue]],
     *,
@@ -305,15 +332,26 @@ def dead_letter_headers(
     detail: str,
     now_ms: int,
     source: str,
+    from_producer: bool = True,
+    value_dropped: int | None = None,
 ) -> list[tuple[str, HeaderValue | bytes]]:
-    """``headers`` followed by the dead-letter headers: reason, a sentence (at most 1000 bytes), when, from where."""
-    return [
-        *headers,
+    """The headers of a dead letter: ``headers`` as sent (:func:`as_sent`: what delayapp owns
+    but did not write is renamed), then exactly one of each dead-letter header: the reason, a
+    sentence (at most 1000 bytes), when, from where, and, when the value was left out
+    (``value_dropped``: its size in bytes), ``deadLetterValueDropped``.
+
+    ``from_producer`` False: ``headers`` are a delay topic's record, whose engine state
+    (``delayHops``, ``awakeAt``...) delayapp wrote and keeps."""
+    out: list[tuple[str, HeaderValue | bytes]] = [
+        *as_sent(headers, from_producer=from_producer),
         (DEAD_LETTER_REASON, reason.encode()),
         (DEAD_LETTER_DETAIL, detail.encode("utf-8", "backslashreplace")[:MAX_DETAIL_BYTES]),
         (DEAD_LETTER_AT, str(now_ms).encode()),
         (DEAD_LETTER_FROM, source.encode("utf-8", "backslashreplace")),
     ]
+    if value_dropped is not None:
+        out.append((DEAD_LETTER_VALUE_DROPPED, str(value_dropped).encode()))
+    return out
 
 
 def header_value(headers: Headers | None, name: str) -> bytes | None:

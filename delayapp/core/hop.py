@@ -6,11 +6,12 @@ realistic delays), which moves a record that is not due one denomination on, or 
 of a record that is due. Each consults only some headers: the due time and what can move it
 (``reactivateAt``, ``validAt``, ``throttledUntil``), the expiry, the retry count, the lane,
 the hop count, and, for the cancel check, the record id and its entry time; a delivery also
-the target and the headers it keeps. :class:`LeanStep` reads exactly those from the header
-list librdkafka hands over, checks them as :func:`delayapp.core.headers.decode` would, and
-answers a hop (the next delay topic and the same list with ``awakeAt`` and ``delayHops``
-rewritten in place, no audit event: hops are not published by default) or a delivery (the
-target, the headers without those delayapp removes, and the step's audit event).
+the target, the headers it keeps and the replay count (``timeReplayed``, which its step
+carries). :class:`LeanStep` reads exactly those from the header list librdkafka hands over,
+checks them as :func:`delayapp.core.headers.decode` would, and answers a hop (the next delay
+topic and the same list with ``awakeAt`` and ``delayHops`` rewritten in place, no audit event:
+hops are not published by default) or a delivery (the target, the headers without those
+delayapp removes, and the step's audit event).
 
 Anything else is not its business and it says so by answering None: a header it consults
 that is missing, repeated or malformed, an expired record or one past its retries, a delay
@@ -50,6 +51,7 @@ _THROTTLED = 512
 _DELAYED_AT = 1024
 _ORIGINATED_AT = 2048
 _DELAY_MS = 4096
+_REPLAYED = 8192
 _READ = {
     h.REACTIVATE_AT: _REACTIVATE_AT,
     h.AWAKE_AT: _AWAKE_AT,
@@ -64,6 +66,7 @@ _READ = {
     h.DELAYED_AT: _DELAYED_AT,
     h.ORIGINATED_AT: _ORIGINATED_AT,
     h.DELAY_MS: _DELAY_MS,
+    h.TIME_REPLAYED: _REPLAYED,
 }
 # Headers a delivery removes (what the full path's irremovable state leaves out)
 _REMOVED = frozenset(h.REMOVABLE)
@@ -131,6 +134,7 @@ class LeanView(NamedTuple):
     raw_target: bytes | None  # reactivateToTopic, checked when the step is taken
     awake_index: int  # where awakeAt and delayHops are in the list (a hop rewrites them in place)
     hops_index: int
+    replays: int = 0  # timeReplayed: the read model ranks a replayed record's steps by it
 
 
 def scan(headers: LeanHeaders) -> LeanView | None:
@@ -139,6 +143,7 @@ def scan(headers: LeanHeaders) -> LeanView | None:
     (the full path decides, and explains). The loop scans a record once, when it is fetched."""
     due = valid = expire = throttled = hops = retried = delayed = awake = None
     priority = False
+    replays: int | None = 0
     record_id: str | None = None
     raw_target: bytes | None = None
     awake_index = hops_index = -1
@@ -184,6 +189,10 @@ def scan(headers: LeanHeaders) -> LeanView | None:
             raw_target = raw
         elif kind == _DELAY_MS:
             return None  # a producer's relative delay: only the router turns it into a due time
+        elif kind == _REPLAYED:
+            replays = _count(raw)
+            if replays is None:
+                return None
         else:
             value = _time(raw)
             if value is None:
@@ -196,7 +205,7 @@ def scan(headers: LeanHeaders) -> LeanView | None:
                 throttled = value
             elif kind == _DELAYED_AT:
                 delayed = value
-    if due is None or awake is None or hops is None or record_id is None:
+    if due is None or awake is None or hops is None or record_id is None or replays is None:
         return None  # not a record the router admitted: the full path looks at it
     return LeanView(
         header_bytes,
@@ -213,6 +222,7 @@ def scan(headers: LeanHeaders) -> LeanView | None:
         raw_target,
         awake_index,
         hops_index,
+        replays,
     )
 
 
@@ -275,6 +285,7 @@ class LeanStep:
             raw_target,
             awake_index,
             hops_index,
+            replays,
         ) = view
         # the target's policy at every step, as the full path's: a record written straight into
         # a delay topic is held to the router's rules (a deployment has few targets: remembered)
@@ -300,7 +311,7 @@ class LeanStep:
         if step is None:
             source = f"{where[0]}/{where[1]}/{offset}"
             return self._deliver(
-                headers, now, due, record_id, target, retried, hops, priority, throttled, delayed, source
+                headers, now, due, record_id, target, retried, hops, priority, throttled, delayed, source, replays
             )
         denomination, duration = step
         lane = priority and self.priority_lane
@@ -324,6 +335,7 @@ class LeanStep:
         throttled: int | None,
         delayed: int | None,
         source: str,
+        replays: int,
     ) -> LeanDelivery | None:
         """The delivery of a due record, or None when the full path must decide it."""
         if not self.deliveries:
@@ -340,6 +352,7 @@ class LeanStep:
             priority=priority,
             throttled_until=throttled,
             delayed_at=delayed,
+            replays=replays,
         )
         removed = _REMOVED
         return LeanDelivery(target, [(name, raw) for name, raw in headers if name not in removed], event)

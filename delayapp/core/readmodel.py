@@ -25,7 +25,8 @@ Exactness rests on two things:
    took, and would otherwise win for ever (the view reads read_committed);
 2. every step of one record id travels on one partition, so the fold sees a record's steps in
    the order they were committed; a redo under at_least_once can still commit a lower step
-   after a higher one, which :func:`~delayapp.core.audit.step_order` ranks right. Compaction
+   after a higher one, which :func:`~delayapp.core.audit.step_order` ranks right (a replayed
+   dead letter's steps too, which start again at hop 0: the replay counter ranks them). Compaction
    keeps the latest write per id, which is a final step once every copy of the record has left
    delayapp.
 """
@@ -101,7 +102,7 @@ class RecordStateStore:
 
     def __init__(self, *, ttl_ms: int) -> None:
         self.ttl_ms = ttl_ms
-        self._states: dict[bytes, tuple[tuple[int, bool, int], bytes]] = {}
+        self._states: dict[bytes, tuple[tuple[int, int, bool, int], bytes]] = {}
         self._expiry = ExpiryIndex()
         self.malformed = 0  # records that were not a state (logged by the reader, never applied)
         # The latest final steps folded, raw (the console's lateness per target reads them).
@@ -140,7 +141,7 @@ class RecordStateStore:
         if held is not None and order <= held[0]:
             return False
         self._states[key] = (order, value)
-        if order[1]:
+        if order[2]:  # final
             self._expiry.add(key, event)
             self.recent_finals.append(value)
         return True
@@ -149,7 +150,7 @@ class RecordStateStore:
         """The states of records still in delayapp (not final), at most ``limit`` of them;
         final states are skipped without decoding them."""
         for order, raw in list(self._states.values()):
-            if order[1]:
+            if order[2]:  # final
                 continue
             if limit <= 0:
                 return

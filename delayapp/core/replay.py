@@ -21,6 +21,9 @@ DEAD_LETTER_HEADERS = frozenset(h.DEAD_LETTER_HEADERS)
 # The engine's own state (when it entered, next wake-up, hops, a reserved rate-limit slot)
 # and the previous replay's marker: a replayed record re-enters like a new one.
 _RESET_ON_REPLAY = frozenset({*h.ENGINE_STATE, REPLAYED_FROM})
+# What the producer had sent under names delayapp owns, kept in the dead letter renamed: the
+# router would strip the originals, so the replayed record goes on without them too.
+_SENT_OWNED = frozenset(h.SENT_AS_PREFIX + name for name in h.NEVER_FROM_PRODUCER)
 _DUE_TIME_HEADERS = frozenset({h.REACTIVATE_AT, h.DELAY_MS})
 
 
@@ -45,8 +48,9 @@ def _text(headers: Iterable[tuple[str, bytes | None]], name: str) -> str | None:
 def _engine_block(headers: list[tuple[str, bytes | None]]) -> list[tuple[str, bytes | None]]:
     """The dead-letter headers the engine appended: from the last ``deadLetterReason`` on.
 
-    A dead letter keeps the headers its record was sent with, which may include dead-letter
-    headers a producer set in advance; the engine's own always come last."""
+    A dead letter carries exactly one of each (what its producer sent under those names is
+    renamed, :func:`delayapp.core.headers.as_sent`); one written before that rule may still
+    hold a producer's copies ahead of them, and the engine's own always came last."""
     starts = [n for n, (name, _) in enumerate(headers) if name == h.DEAD_LETTER_REASON]
     return headers[starts[-1] :] if starts else []
 
@@ -116,9 +120,12 @@ def replay_record_headers(
     """Headers for sending a dead letter back to the ingress topic, or why it cannot be.
 
     The dead-letter headers and the engine's own state (``delayedAt``, ``awakeAt``,
-    ``delayHops``, ``throttledUntil``: the router would strip them anyway) go; the irremovable headers
+    ``delayHops``, ``throttledUntil``: the router would strip them anyway), and their copies a
+    producer had sent (``producer.deadLetterReason``...), go; the irremovable headers
     (``recordId``, ``originatedAt``, ``timeRetried``...) and the user's own headers stay,
-    so the record keeps its identity. ``replayedFrom`` names the dead letter. With
+    so the record keeps its identity. ``timeReplayed`` counts the replays (one more than the
+    dead letter's), so the read model ranks the record's new steps after its dead letter,
+    whatever their hops (:func:`delayapp.core.audit.step_order`). ``replayedFrom`` names the dead letter. With
     ``delay_ms`` the record gets a new due time, ``now_ms + delay_ms``; otherwise it keeps
     its own (a due time already past is delivered at once, if the policies allow).
     """
@@ -127,9 +134,19 @@ def replay_record_headers(
         return Skip("tombstone: a null value is never delayed")
     if h.header_value(_engine_block(hs), h.DEAD_LETTER_VALUE_DROPPED) is not None:
         return Skip("its value was dropped when it was dead-lettered (too large); the original is at deadLetterFrom")
-    drop = DEAD_LETTER_HEADERS | _RESET_ON_REPLAY | (_DUE_TIME_HEADERS if delay_ms is not None else frozenset())
+    drop = DEAD_LETTER_HEADERS | _RESET_ON_REPLAY | _SENT_OWNED | {h.TIME_REPLAYED}
+    if delay_ms is not None:
+        drop |= _DUE_TIME_HEADERS
     out = [(name, b"" if raw is None else raw) for name, raw in hs if name not in drop]
     if delay_ms is not None:
         out.append((h.REACTIVATE_AT, str(now_ms + delay_ms).encode()))
+    out.append((h.TIME_REPLAYED, str(_replays(hs) + 1).encode()))
     out.append((REPLAYED_FROM, source_key.encode()))
     return out
+
+
+def _replays(headers: list[tuple[str, bytes | None]]) -> int:
+    """How many times the record of a dead letter had been replayed (``timeReplayed``; 0 when
+    absent, or unreadable: its dead letter may be a malformed header's)."""
+    raw = h.header_value(headers, h.TIME_REPLAYED)
+    return int(raw) if raw is not None and raw.isdigit() and int(raw) < h.MAX_COUNT else 0

@@ -105,6 +105,13 @@ class Handler(Protocol):
         ...
 
 
+def _replays(headers: h.Headers | None) -> int:
+    """``timeReplayed`` of a record whose headers did not decode, as far as it can be read (0 if not):
+    the dead letter of a replayed record still ranks after the one it was replayed from."""
+    raw = h.header_value(headers, h.TIME_REPLAYED)
+    return int(raw) if raw is not None and raw.isdigit() and len(raw) <= 7 else 0
+
+
 class RecordHandler(Handler):
     """Decides, for each consumed record, to wait, hop, deliver or dead-letter it."""
 
@@ -128,6 +135,8 @@ class RecordHandler(Handler):
         self.cancellations = cancellations
         self.slots = slots
         self.priority_lane = priority_lane
+        # records read from these carry engine state delayapp wrote; any other came from a producer
+        self._delay_topics = frozenset((*layout.delay_topics.values(), *layout.priority_topics.values()))
         # ingress records without broker time that wait in the router: when it first read them
         self._first_seen: dict[tuple[str, int, int], int] = {}
         self._lean = LeanStep(
@@ -248,6 +257,7 @@ class RecordHandler(Handler):
                 source=source,
                 priority=state.is_priority,
                 delayed_at=state.delayed_at,
+                replays=state.time_replayed or 0,
             )
             return [Output(None, None, None, [], event)]
         step = route(state, now_ms=now, planner=self.planner, policy=self.policy, known_topics=self.known_topics())
@@ -272,6 +282,7 @@ class RecordHandler(Handler):
                 priority=new.is_priority,
                 throttled_until=new.throttled_until,
                 delayed_at=new.delayed_at,
+                replays=new.time_replayed or 0,
             )
             topic = self.layout.delay_topic(step.hop.denomination_ms, priority=new.is_priority and self.priority_lane)
             return [Output(topic, record.key, record.value, h.encode(new, passthrough), event)]
@@ -287,6 +298,7 @@ class RecordHandler(Handler):
             priority=state.is_priority,
             throttled_until=throttled_until,
             delayed_at=state.delayed_at,
+            replays=state.time_replayed or 0,
         )
         return [Output(step.topic, record.key, record.value, h.encode(step.state, passthrough), event)]
 
@@ -327,15 +339,22 @@ class RecordHandler(Handler):
     ) -> Output:
         """The dead-letter copy: original key, value and headers, plus reason and detail.
 
+        The headers delayapp owns that it did not write are renamed (:func:`delayapp.core.headers.as_sent`):
+        on a record read from anywhere but a delay topic, every one of them came from its producer.
+
         ``drop_value`` leaves the value out (it cannot be written anywhere); the header
         ``deadLetterValueDropped`` then gives its size and ``deadLetterFrom`` where it still is.
         """
         source = f"{record.topic}/{record.partition}/{record.offset}"
         headers = h.dead_letter_headers(
-            record.headers or (), reason=verdict.reason.value, detail=verdict.detail, now_ms=now, source=source
+            record.headers or (),
+            reason=verdict.reason.value,
+            detail=verdict.detail,
+            now_ms=now,
+            source=source,
+            from_producer=record.topic not in self._delay_topics,
+            value_dropped=len(record.value or b"") if drop_value else None,
         )
-        if drop_value:
-            headers.append((h.DEAD_LETTER_VALUE_DROPPED, str(len(record.value or b"")).encode()))
         retries = (state.time_retried or 0) if state else 0
         hops = (state.delay_hops or 0) if state else 0
         record_id = (state.record_id if state else None) or stable_record_id(
@@ -351,5 +370,6 @@ class RecordHandler(Handler):
             state.reactivate_to_topic if state else None,
             reason=verdict.reason.value,
             source=source,
+            replays=(state.time_replayed or 0) if state else _replays(record.headers),
         )
         return Output(self.layout.dead_letter, record.key, None if drop_value else record.value, headers, event)

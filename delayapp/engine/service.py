@@ -195,6 +195,12 @@ class DelayEngine(Service):
         )
 
     async def on_stop(self) -> None:
+        # every loop leaves its group at once: mode would stop them one after another, each
+        # waiting out its own leave, and Ctrl-C would take the sum of them
+        stopped = await asyncio.gather(*(hop_loop.stop() for hop_loop in self.loops), return_exceptions=True)
+        for hop_loop, outcome in zip(self.loops, stopped, strict=True):
+            if isinstance(outcome, BaseException):  # the others still stop; mode logs a child's error the same way
+                log.error("%s: error while stopping: %r", hop_loop.label, outcome)
         await self._lag_sampler.close()
         for producer in (self._producer, self._clock_producer):
             if producer is not None:

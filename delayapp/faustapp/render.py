@@ -83,6 +83,7 @@ def status_lines(state: dict[str, Any], now_ms: int) -> list[str]:
         ("status", state.get("status")),
         ("target", state.get("target")),
         ("retries", state.get("retries")),
+        ("replays", state.get("replays") or 0),  # dlq replays (0 in a state written before the field)
         ("hops", state.get("hops")),
         ("where", where),
         ("next awake", when(state.get("awake_at"), now_ms) if state.get("awake_at") is not None else None),

@@ -10,7 +10,8 @@ and ``<prefix>.dlq`` (dead letters with their reason headers) and writes
 
 The denomination of a delivery is the delay topic its last hop came from (``ingress`` when
 it was delivered straight from the ingress topic). Audit events are written at least once,
-so they are de-duplicated by (recordId, seq) first.
+so they are de-duplicated by (recordId, seq, status, replays) first: a replayed dead letter's
+steps start again at hop 0, and are not copies of its first life's.
 
 ``python -m delayapp.pipelines audit-report --out report/``
 """
@@ -92,7 +93,7 @@ def parse_audit(raw: DataFrame) -> DataFrame:
 def audit_events(context: JobContext, since_ms: int | None, until_ms: int | None) -> DataFrame:
     """Audit events, parsed and de-duplicated, with their denomination."""
     events = parse_audit(context.read_topic(context.layout.audit))
-    events = events.filter(F.col("record_id").isNotNull()).dropDuplicates(["record_id", "seq", "status"])
+    events = events.filter(F.col("record_id").isNotNull()).dropDuplicates(["record_id", "seq", "status", "replays"])
     events = events.withColumn("denomination", denomination_column(F.col("source"), context.layout.prefix))
     return _window(events, "at", since_ms, until_ms)
 

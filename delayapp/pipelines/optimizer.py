@@ -219,7 +219,7 @@ def observed_delays_from_audit(context: JobContext) -> DataFrame:
     """Requested delays (ms) from the audit topic: due time minus the time of the first hop."""
     events = parse_audit(context.read_topic(context.layout.audit))
     first_hops = events.filter((F.col("status") == RecordStatus.WAITING.value) & (F.col("hops") == 1))
-    first_hops = first_hops.dropDuplicates(["record_id", "seq"])
+    first_hops = first_hops.dropDuplicates(["record_id", "seq", "replays"])  # a replay's first hop is its own
     return first_hops.select((F.col("reactivate_at") - F.col("at")).alias("delay_ms"))
 
 

@@ -55,17 +55,18 @@ FULL = AuditEvent(
 
 
 def test_the_json_is_the_wire_format_existing_topics_hold() -> None:
-    """Byte for byte what the engine wrote before the contract moved to the core (field order included)."""
+    """Byte for byte what the engine wrote before the contract moved to the core (field order
+    included), and ``replays``, added since (issue 23): an event written without it reads as 0."""
     assert FULL.encode("orders", 2, 42) == (
         b'{"record_id":"r-1","status":"delivered","at":1000,"seq":11,"retries":1,"hops":1,"target":"orders",'
         b'"awake_at":5,"reactivate_at":6,"lateness_ms":-1,"reason":"expired","source":"p.ingress/0/7",'
-        b'"priority":true,"throttled_until":8,"delayed_at":9,"topic":"orders","partition":2,"offset":42}'
+        b'"priority":true,"throttled_until":8,"delayed_at":9,"replays":0,"topic":"orders","partition":2,"offset":42}'
     )
     cancelled = AuditEvent("r-2", RecordStatus.CANCELLED, 2000, 3, 0, 0, None)
     assert cancelled.encode(None, None, None) == (
         b'{"record_id":"r-2","status":"cancelled","at":2000,"seq":3,"retries":0,"hops":0,"target":null,'
         b'"awake_at":null,"reactivate_at":null,"lateness_ms":null,"reason":null,"source":null,"priority":false,'
-        b'"throttled_until":null,"delayed_at":null,"topic":null,"partition":null,"offset":null}'
+        b'"throttled_until":null,"delayed_at":null,"replays":0,"topic":null,"partition":null,"offset":null}'
     )
 
 

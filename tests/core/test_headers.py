@@ -136,3 +136,51 @@ def test_a_state_is_immutable_and_evolve_refuses_unknown_fields() -> None:
     with pytest.raises(ValueError, match="unexpected field"):
         state.evolve(awake=1)
     assert state.evolve(delay_hops=2) == h.DelayHeaders(record_id="r", awake_at=h.MIN_TIMESTAMP_MS, delay_hops=2)
+
+
+# -- a dead letter carries exactly one of each header delayapp owns (issue 23, item 3) ---------------
+
+_OWNED_OR_NOT = st.sampled_from(
+    [*h.NEVER_FROM_PRODUCER, h.RECORD_ID, h.REACTIVATE_TO_TOPIC, "trace", h.SENT_AS_PREFIX + h.DEAD_LETTER_REASON]
+)
+
+
+def test_a_producers_dead_letter_reason_is_kept_renamed_behind_none_of_delayapps() -> None:
+    sent = [(h.DEAD_LETTER_REASON, b"expired"), (h.REACTIVATE_TO_TOPIC, b"gone"), ("trace", b"t")]
+    out = h.dead_letter_headers(sent, reason="unknown-target", detail="d", now_ms=1_700_000_000_000, source="x/0/1")
+    assert [value for name, value in out if name == h.DEAD_LETTER_REASON] == [b"unknown-target"]
+    assert out[:3] == [("producer.deadLetterReason", b"expired"), (h.REACTIVATE_TO_TOPIC, b"gone"), ("trace", b"t")]
+    # the first deadLetterReason a reader finds (kcat, a client's header list) is delayapp's
+    assert h.header_value(out, h.DEAD_LETTER_REASON) == b"unknown-target"
+
+
+def test_engine_state_is_kept_on_a_delay_topics_record_and_renamed_on_a_producers() -> None:
+    sent = [(h.DELAY_HOPS, b"3"), (h.AWAKE_AT, b"1700000000000"), (h.DEAD_LETTER_AT, b"1")]
+    ours = h.dead_letter_headers(sent, reason="expired", detail="d", now_ms=1, source="s", from_producer=False)
+    assert ours[:3] == [(h.DELAY_HOPS, b"3"), (h.AWAKE_AT, b"1700000000000"), ("producer.deadLetterAt", b"1")]
+    theirs = h.dead_letter_headers(sent, reason="expired", detail="d", now_ms=1, source="s")
+    assert [name for name, _ in theirs[:3]] == ["producer.delayHops", "producer.awakeAt", "producer.deadLetterAt"]
+
+
+@given(
+    sent=st.lists(st.tuples(_OWNED_OR_NOT, st.one_of(st.none(), st.binary(max_size=8))), max_size=12),
+    from_producer=st.booleans(),
+    dropped=st.one_of(st.none(), st.integers(0, 10**9)),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_dead_letter_has_exactly_one_of_each_dead_letter_header_and_keeps_the_rest_in_order(
+    sent: list[tuple[str, bytes | None]], from_producer: bool, dropped: int | None
+) -> None:
+    out = h.dead_letter_headers(
+        sent, reason="r", detail="d", now_ms=5, source="s", from_producer=from_producer, value_dropped=dropped
+    )
+    names = [name for name, _ in out]
+    for name in h.DEAD_LETTER_HEADERS:
+        assert names.count(name) == (0 if name == h.DEAD_LETTER_VALUE_DROPPED and dropped is None else 1), name
+    kept = out[: len(sent)]
+    assert [raw for _, raw in kept] == [raw for _, raw in sent]  # nothing sent is lost, nothing reordered
+    for (name, _), (was, _) in zip(kept, sent, strict=True):
+        renamed = was in h.DEAD_LETTER_HEADERS or (from_producer and was in h.ENGINE_STATE)
+        assert name == (h.SENT_AS_PREFIX + was if renamed else was)
+    if from_producer:
+        assert not set(names[: len(sent)]) & h.NEVER_FROM_PRODUCER

@@ -74,7 +74,7 @@ def test_a_due_record_is_delivered_with_only_the_headers_kept_at_the_target() ->
     step = lean(handler(), admitted(reactivate_at=NOW - 3))
     assert isinstance(step, LeanDelivery)
     assert step.topic == "orders"
-    assert {n for n, _ in step.headers} == {"traceparent", *h.IRREMOVABLE} - {h.VALID_AT, h.EXPIRE_AT}
+    assert {n for n, _ in step.headers} == {"traceparent", *h.IRREMOVABLE} - {h.VALID_AT, h.EXPIRE_AT, h.TIME_REPLAYED}
     assert step.audit.lateness_ms == 3 and step.audit.source == "u.delay.5s/2/41"
 
 
@@ -91,6 +91,13 @@ def test_what_is_not_its_business_is_left_to_the_full_path() -> None:
     throttled = handler(slots=DeliverySlots(parse_rates("orders=1/s")))
     assert lean(throttled, admitted(reactivate_at=NOW - 1)) is None  # rate-limited: slots on the full path
     assert isinstance(lean(throttled, admitted()), LeanHop)  # ... but hops need no slot
+    assert lean(hh, [*admitted(), (h.TIME_REPLAYED, b"x")]) is None  # a malformed replay count
+
+
+def test_a_replayed_records_delivery_carries_its_replay_count() -> None:
+    step = lean(handler(), [*admitted(reactivate_at=NOW - 1), (h.TIME_REPLAYED, b"2")])
+    assert isinstance(step, LeanDelivery) and step.audit.replays == 2
+    assert (h.TIME_REPLAYED, b"2") in step.headers  # irremovable: kept at the target
 
 
 def test_a_record_due_within_the_hold_is_held_where_it_is() -> None:
@@ -127,6 +134,7 @@ def delay_headers(draw: st.DrawFn, now: int) -> list[tuple[str, bytes | None]]:
         delay_hops=usually(1, st.one_of(st.none(), st.integers(0, 40))),
         priority=draw(st.sampled_from([None, None, "high", "normal"])),
         throttled_until=draw(st.one_of(st.none(), st.none(), times)),
+        time_replayed=draw(st.sampled_from([None, None, None, 1, 2])),  # replayed from the dead letters
     )
     headers: list[tuple[str, bytes | None]] = [("traceparent", b"00-ab")]
     for name, value in zip(h.DELAY_HEADERS, h.DelayHeaders(**state)):

@@ -71,3 +71,12 @@ def test_any_headers_replay_without_error(headers) -> None:
     out = replay_record_headers(headers, source_key="k", now_ms=NOW)
     assert isinstance(out, Skip) or out[-1] == (REPLAYED_FROM, b"k")
     ReplayFilter(reasons=frozenset({"a"}), target_pattern="*", since_ms=0, until_ms=NOW).matches(headers)
+
+
+def test_each_replay_counts_one_more_in_time_replayed() -> None:
+    first = replay_record_headers(dead(), source_key="x.dlq/0/1", now_ms=1)
+    assert isinstance(first, list) and h.header_value(first, h.TIME_REPLAYED) == b"1"
+    again = h.dead_letter_headers(first, reason="expired", detail="d", now_ms=2, source="x.ingress/0/3")
+    second = replay_record_headers(again, source_key="x.dlq/0/2", now_ms=2)
+    assert isinstance(second, list)
+    assert [raw for name, raw in second if name == h.TIME_REPLAYED] == [b"2"]

@@ -221,6 +221,42 @@ async def test_a_producer_set_awake_at_does_not_wedge_the_ingress_partition(trus
     await wait_for(lambda: delivered(collector, target, b"behind-forged-awake"), 20, "the record behind it")
 
 
+async def test_a_producer_set_dead_letter_reason_never_precedes_delayapps_own(trust_env) -> None:
+    """Issue 23, item 3: sent with deadLetterReason=expired to a missing target, a record is
+    dead-lettered with exactly one deadLetterReason, delayapp's; the producer's is kept renamed."""
+    worker, _, _, collector = trust_env
+    missing = unique("trust-target-missing-")  # allowed by the pattern, never created
+    p = await producer(worker.env["DELAYAPP_BROKER"])
+    try:
+        for value, delay in ((b"forged-reason-now", b"0"), (b"forged-reason-later", b"1500")):
+            await p.send_and_wait(
+                f"{worker.prefix}.ingress",
+                value,
+                key=b"fr",
+                headers=[
+                    (h.DEAD_LETTER_REASON, b"expired"),
+                    (h.REACTIVATE_TO_TOPIC, missing.encode()),
+                    (h.DELAY_MS, delay),
+                    (h.DELAY_HOPS, b"9"),
+                    (h.DEAD_LETTER_AT, b"1600000000000"),
+                ],
+            )
+    finally:
+        await p.stop()
+    dlq = f"{worker.prefix}.dlq"
+    for value in (b"forged-reason-now", b"forged-reason-later"):
+        [dead] = await wait_for(lambda v=value: delivered(collector, dlq, v), 30, f"the dead letter of {value!r}")
+        names = [name for name, _ in dead.headers]
+        reasons = [raw for name, raw in dead.headers if name == h.DEAD_LETTER_REASON]
+        assert reasons == [b"unknown-target"], dead.headers
+        assert all(names.count(name) == 1 for name in (h.DEAD_LETTER_AT, h.DEAD_LETTER_FROM, h.DEAD_LETTER_DETAIL))
+        assert int(h.header_value(dead.headers, h.DEAD_LETTER_AT)) > 1_600_000_000_000
+        assert names.count(h.DELAY_HOPS) <= 1 and h.header_value(dead.headers, h.DELAY_HOPS) != b"9"
+        if value == b"forged-reason-now":  # dead-lettered by the router: the record as sent, renamed
+            assert h.header_value(dead.headers, "producer.deadLetterReason") == b"expired"
+            assert h.header_value(dead.headers, "producer.delayHops") == b"9"
+
+
 async def test_a_producer_set_throttled_until_does_not_bypass_the_rate_limit(trust_env) -> None:
     worker, _, slow, collector = trust_env
     now = now_ms()

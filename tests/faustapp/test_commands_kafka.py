@@ -313,3 +313,41 @@ async def test_dlq_list_filters_and_replay_delivers_once(bootstrap: str) -> None
             await collector.stop()
     finally:
         worker.stop()
+
+
+async def test_a_replayed_dead_letter_shows_delivered_once_delivered(bootstrap: str) -> None:
+    """Issue 23, item 4: a record dead-lettered (its target missing), replayed by ``dlq replay``
+    once the target exists and delivered, shows ``delivered`` in the record view, not the dead
+    letter it was replayed from (the replay's steps start again at hop 0)."""
+    prefix = unique("cli")
+    target = unique("cli-gone-")  # does not exist yet: the record is dead-lettered
+    record_id = unique("replayed-")
+    worker = Worker(bootstrap, prefix).start()
+    try:
+        await worker.wait_ready()
+        url = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}"
+        run = await cli(
+            bootstrap, prefix, "schedule", "--target", target, "--value", "v", "--delay", "1s", "--record-id", record_id
+        )
+        assert run.code == 0, run.err
+        dead = await wait_for(
+            lambda: _status_if(bootstrap, prefix, record_id, url, "dead_lettered"), 60, "dead-lettered", interval=0.5
+        )
+        assert "unknown-target" in dead.out, dead.out
+        await create_topics(bootstrap, target)
+        collector = await Collector(bootstrap, [target]).start()
+        try:
+            replay = await cli(bootstrap, prefix, "dlq", "replay", "--reason", "unknown-target", "--target", target)
+            assert replay.code == 0 and "replayed 1" in replay.out, (replay.out, replay.err)
+            [delivered] = await wait_for(lambda: collector.on(target), 60, "the replayed record at its target")
+            assert h.header_value(delivered.headers, h.TIME_REPLAYED) == b"1"
+            shown = await wait_for(
+                lambda: _status_if(bootstrap, prefix, record_id, url, "delivered"), 30, "status delivered", interval=0.5
+            )
+            assert re.search(rf"^target\s+{re.escape(target)}$", shown.out, re.M), shown.out
+            as_json = orjson.loads((await cli(bootstrap, prefix, "--json", "status", record_id, "--url", url)).out)
+            assert (as_json["status"], as_json["replays"]) == ("delivered", 1), as_json
+        finally:
+            await collector.stop()
+    finally:
+        worker.stop()
