@@ -211,6 +211,7 @@ def waiting(
     priority: bool,
     throttled_until: int | None,
     delayed_at: int | None,
+    replays: int = 0,
 ) -> AuditEvent:
     """The step of a record that now waits in a delay topic until ``awake_at`` (the router's
     admission and every full-path hop build it here)."""
@@ -230,6 +231,7 @@ def waiting(
         priority,
         throttled_until,
         delayed_at,
+        replays,
     )
 
 
