@@ -252,6 +252,7 @@ def test_the_waiting_step_is_the_event_the_constructor_builds(
         priority=priority,
         throttled_until=throttled,
         delayed_at=at,
+        replays=hops % 3,
     )
     built = AuditEvent(
         record_id,
@@ -267,6 +268,7 @@ def test_the_waiting_step_is_the_event_the_constructor_builds(
         priority=priority,
         throttled_until=throttled,
         delayed_at=at,
+        replays=hops % 3,
     )
     assert (
         event == built
