@@ -178,7 +178,7 @@ def test_console_body_matches_the_stats_it_was_given() -> None:
         stats=stats,
         heads=[],
         limits={},
-        waiting_due=[NOW + 5_000, NOW + c.HOUR],
+        waiting_due={NOW + 5_000: 1, NOW + c.HOUR: 1},
         waiting_truncated=False,
         finals=[{"status": "delivered", "at": NOW, "target": "a", "lateness_ms": 4}],
         recent_events=[],
@@ -197,6 +197,14 @@ def test_console_body_matches_the_stats_it_was_given() -> None:
         and body["delivery"]["early"] == 0
     )
     assert body["delivery"]["by_loop"]["router"]["p99"] == 9 and body["delivery"]["by_target"]["a"]["count"] == 1
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(NOW - c.DAY, NOW + 30 * c.DAY)), max_size=50))
+def test_due_histogram_of_counts_is_the_histogram_of_the_records(dues: list) -> None:
+    counts: dict = {}
+    for due in dues:
+        counts[due] = counts.get(due, 0) + 1
+    assert c.due_histogram_counts(counts, now_ms=NOW) == c.due_histogram(dues, now_ms=NOW)
 
 
 def test_store_lists_waiting_states_and_recent_finals() -> None:

@@ -1,0 +1,255 @@
+"""The owned record states in RocksDB (through ``rocksdict``): off the heap, bounded memory.
+
+One store per worker holds, for the ``record-states`` partitions it owns or owned:
+
+* ``s<record id>`` → the state's :func:`~delayapp.core.audit.step_order` and its
+  :func:`~delayapp.core.readmodel.state_of` JSON (ids and times, never a payload);
+* ``x<at><record id>`` → ``seq``: final states by when they became final (expiry walks the
+  oldest first, a bounded amount per call);
+* ``d<partition><due bucket>`` → how many waiting records of the partition fall due in that
+  bucket of :data:`DUE_BUCKET_MS` (the console's histogram, without a scan);
+* ``o<partition>`` → the next offset of the partition to read.
+
+Each fetched batch of a partition is written as one RocksDB write batch together with its next
+offset, so the store never holds a state without the offset past it, nor the reverse: a worker
+killed at any point resumes from the offset its store holds and folds the same records again
+(folding is idempotent: :func:`step_order` ranks them). The fold itself is
+:class:`delayapp.core.readmodel.RecordStateStore`'s: a tombstone forgets the id, a step not
+further along than the held one is ignored.
+
+Memory is the block cache and two write buffers (``cache_bytes`` each), the due counts of
+the owned partitions (one entry per non-empty :data:`DUE_BUCKET_MS` bucket) and the latest
+:data:`~delayapp.core.readmodel.RECENT_FINALS` final steps as small tuples: none of it grows with
+the number of waiting records.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
+
+from delayapp.core.audit import RecordStatus, step_order
+from delayapp.core.readmodel import RECENT_FINALS, state_of
+from delayapp.statestore.errors import StoreUnavailable
+
+DUE_BUCKET_MS = 10_000  # the histogram's finest edge is 10 s
+NO_DUE = -(2**62)  # the bucket of a waiting state without a due time (counted as due now)
+
+_STATE, _EXPIRY, _DUE, _OFFSET = b"s", b"x", b"d", b"o"
+_ORDER = struct.Struct(">q?q")  # retries, final, seq
+_I32, _I64, _U64 = struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">Q")
+
+
+def _signed_key(value: int) -> bytes:
+    """An int as 8 bytes that sort like the int (negative ones first)."""
+    return _U64.pack(value + 2**63)
+
+
+def _offset_key(partition: int) -> bytes:
+    return _OFFSET + _I32.pack(partition)
+
+
+def _due_prefix(partition: int) -> bytes:
+    return _DUE + _I32.pack(partition)
+
+
+def due_bucket(reactivate_at: Any) -> int:
+    """The start (ms) of the :data:`DUE_BUCKET_MS` bucket a due time falls in; :data:`NO_DUE` for none."""
+    if reactivate_at is None:
+        return NO_DUE
+    due = int(reactivate_at)
+    return due - due % DUE_BUCKET_MS
+
+
+class DiskStateStore:
+    """Record id (UTF-8 bytes) → its latest state, for the partitions folded into it, in RocksDB at ``path``.
+
+    Not thread-safe; one process per directory (RocksDB's lock: a second opener gets
+    :class:`~delayapp.statestore.errors.StoreUnavailable`)."""
+
+    def __init__(self, path: str | Path, *, ttl_ms: int, cache_bytes: int = 8 * 1024 * 1024) -> None:
+        self.path = Path(path)
+        self.ttl_ms = ttl_ms
+        self.malformed = 0  # records that were not a state (never applied)
+        # (at, status, target, lateness_ms) of the latest final steps folded (the console's lateness per target)
+        self.recent_finals: deque[tuple[int, str, str | None, int | None]] = deque(maxlen=RECENT_FINALS)
+        self._due: dict[int, dict[int, int]] = {}  # loaded partitions → due bucket → waiting records
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.set_write_buffer_size(cache_bytes)
+        options.set_max_write_buffer_number(2)
+        options.set_max_open_files(256)
+        table = BlockBasedOptions()
+        table.set_block_cache(Cache(cache_bytes))
+        table.set_cache_index_and_filter_blocks(True)  # index and filters count against the cache too
+        options.set_block_based_table_factory(table)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._db = Rdict(str(self.path), options)
+        except Exception as exc:  # rocksdict raises plain Exception for a held lock or a bad path
+            raise StoreUnavailable(
+                f"cannot open the read model's store at {self.path} ({exc}); is another worker using it? "
+                "give each worker its own DELAYAPP_STATE_DIR or DELAYAPP_INSTANCE_ID"
+            ) from None
+
+    def _get(self, key: bytes) -> bytes | None:
+        held = self._db.get(key)
+        return None if held is None else bytes(cast(bytes, held))
+
+    def _scan(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every entry from ``start`` on, in key order (raw mode: keys and values are bytes)."""
+        for key, value in self._db.items(from_key=start):
+            yield cast(bytes, key), cast(bytes, value)
+
+    def close(self) -> None:
+        """Flush and close the store (its files stay: the next start resumes from them)."""
+        self._db.close()
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def get(self, key: bytes) -> dict[str, Any] | None:
+        """The state of the record whose id is ``key``, or None."""
+        held = self._get(_STATE + key)
+        return None if held is None else dict(orjson.loads(held[_ORDER.size :]))
+
+    def offset(self, partition: int) -> int | None:
+        """The next offset of ``partition`` to fold, or None if nothing of it was ever folded here."""
+        raw = self._get(_offset_key(partition))
+        return None if raw is None else int(_I64.unpack(raw)[0])
+
+    def due_counts(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Waiting records of the loaded ``partitions`` per due bucket (:func:`due_bucket`)."""
+        total: dict[int, int] = {}
+        for partition in partitions:
+            for bucket, count in self._due.get(partition, {}).items():
+                total[bucket] = total.get(bucket, 0) + count
+        return total
+
+    def waiting_count(self, partitions: Iterable[int]) -> int:
+        """Waiting records of the loaded ``partitions``."""
+        return sum(self.due_counts(partitions).values())
+
+    def finals(self) -> Iterator[dict[str, Any]]:
+        """The latest final steps folded (at most :data:`RECENT_FINALS`), oldest first, with
+        the fields the console's lateness figures read."""
+        for at, status, target, lateness in list(self.recent_finals):
+            yield {"at": at, "status": status, "target": target, "lateness_ms": lateness}
+
+    # -- partitions ----------------------------------------------------------------------------
+
+    def load(self, partition: int) -> None:
+        """Read ``partition``'s due counts into memory (when this worker comes to own it)."""
+        prefix = _due_prefix(partition)
+        counts: dict[int, int] = {}
+        for key, value in self._scan(prefix):
+            if not key.startswith(prefix):
+                break
+            counts[_U64.unpack(key[len(prefix) :])[0] - 2**63] = _I64.unpack(value)[0]
+        self._due[partition] = counts
+
+    def unload(self, partition: int) -> None:
+        """Forget ``partition``'s counts in memory (another worker owns it now; its states stay on disk)."""
+        self._due.pop(partition, None)
+
+    # -- the fold ------------------------------------------------------------------------------
+
+    def apply(self, partition: int, records: Iterable[tuple[bytes | None, bytes | None]], next_offset: int) -> int:
+        """Fold ``records`` of ``partition`` (key, value) in and store ``next_offset`` with them,
+        in one write batch; how many states changed. ``partition`` must be :meth:`load`-ed."""
+        due = self._due.setdefault(partition, {})
+        pending: dict[bytes, bytes | None] = {}  # this batch's writes, by state key
+        touched: set[int] = set()
+        expiring: list[tuple[bytes, bytes]] = []
+        changed = 0
+        for key, value in records:
+            if not key:
+                self.malformed += 1
+                continue
+            skey = _STATE + key
+            held = pending[skey] if skey in pending else self._get(skey)
+            if value is None:  # a tombstone forgets the id
+                if held is not None:
+                    self._count(due, touched, held, -1)
+                    pending[skey] = None
+                    changed += 1
+                continue
+            try:
+                event = orjson.loads(value)
+                order = step_order(event)
+            except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
+                self.malformed += 1
+                continue
+            if held is not None and order <= _ORDER.unpack(held[: _ORDER.size]):
+                continue
+            state = state_of(event)
+            new = _ORDER.pack(*order) + orjson.dumps(state)
+            if held is not None:
+                self._count(due, touched, held, -1)
+            self._count(due, touched, new, +1)
+            pending[skey] = new
+            changed += 1
+            if order[1]:
+                at = int(state.get("at") or 0)
+                expiring.append((_EXPIRY + _signed_key(at) + key, _I64.pack(order[2])))
+                self.recent_finals.append((at, str(state.get("status")), state.get("target"), state.get("lateness_ms")))
+        batch = WriteBatch(raw_mode=True)
+        for skey, written in pending.items():
+            if written is None:
+                batch.delete(skey)
+            else:
+                batch.put(skey, written)
+        for xkey, seq in expiring:
+            batch.put(xkey, seq)
+        prefix = _due_prefix(partition)
+        for bucket in touched:
+            count = due.get(bucket, 0)
+            if count > 0:
+                batch.put(prefix + _signed_key(bucket), _I64.pack(count))
+            else:
+                due.pop(bucket, None)
+                batch.delete(prefix + _signed_key(bucket))
+        batch.put(_offset_key(partition), _I64.pack(next_offset))
+        self._db.write(batch)
+        return changed
+
+    @staticmethod
+    def _count(due: dict[int, int], touched: set[int], held: bytes, delta: int) -> None:
+        """Count a held value in or out of the due counts, if it is a waiting state."""
+        if _ORDER.unpack(held[: _ORDER.size])[1]:
+            return
+        state = orjson.loads(held[_ORDER.size :])
+        if state.get("status") != RecordStatus.WAITING:
+            return
+        bucket = due_bucket(state.get("reactivate_at"))
+        due[bucket] = due.get(bucket, 0) + delta
+        touched.add(bucket)
+
+    def expire(self, *, now_ms: int, limit: int) -> int:
+        """Forget final states older than the TTL, looking at ``limit`` index entries at most; how many went."""
+        upper = _EXPIRY + _signed_key(now_ms - self.ttl_ms)
+        batch = WriteBatch(raw_mode=True)
+        gone = looked = 0
+        for xkey, seq in self._scan(_EXPIRY):
+            if looked >= limit or not xkey.startswith(_EXPIRY) or xkey >= upper:
+                break
+            looked += 1
+            batch.delete(xkey)
+            skey = _STATE + xkey[1 + 8 :]
+            held = self._get(skey)
+            if held is None:
+                continue
+            retries, final, held_seq = _ORDER.unpack(held[: _ORDER.size])
+            at = int(orjson.loads(held[_ORDER.size :]).get("at") or 0)
+            # only the very state indexed: one replaced since (a retry, a newer step) stays
+            if final and held_seq == _I64.unpack(seq)[0] and _signed_key(at) == xkey[1:9]:
+                batch.delete(skey)
+                gone += 1
+        if looked:
+            self._db.write(batch)
+        return gone
