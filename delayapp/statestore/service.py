@@ -198,6 +198,12 @@ class PartitionedStates(Service):
                 await consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, offset)
+            log.info(
+                "record-states: partition %d from %s (end %d)",
+                tp.partition,
+                "the start (nothing in this worker's store)" if offset is None else f"offset {offset} (its store)",
+                ends[tp],
+            )
             self.owned.add(tp.partition)
             self._targets[tp.partition] = ends[tp]
         self._quiet_since = time.monotonic()
