@@ -262,16 +262,33 @@ async def _router_committed(bootstrap: str, prefix: str, partitions: int) -> int
         await consumer.stop()
 
 
-async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, external: bool = False) -> list[dict]:
-    """Worker RSS with ``levels`` records waiting in the 1 h topic (cumulative loads).
+async def _waiting_known(port: str) -> int:
+    """Waiting records the worker's read model holds (its ``/delay/states/due`` counts)."""
+    import aiohttp
 
-    With the audit on, the in-memory ``record-states`` table holds one entry per record in
-    flight; with it off only the delay engine is measured."""
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/delay/states/due") as response,
+        ):
+            body = await response.json() if response.status == 200 else {}
+    except aiohttp.ClientError:
+        return 0
+    return sum(int(n) for n in body.get("due", {}).values())
+
+
+async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, external: bool = False) -> list[dict]:
+    """Worker RSS with ``levels`` records waiting in the 1 h topic (cumulative loads), and the
+    bytes of RSS per waiting record it grew by since the first level.
+
+    With the audit on, the worker's read model (on disk: :mod:`delayapp.statestore`) holds one
+    state per record in flight, and each level is measured once it has folded them all; with
+    it off only the delay engine is measured."""
     prefix = unique("blg")
     target = f"{prefix}-out"
     env = {**worker_env(bootstrap, prefix, "1s,1h", external=external), "DELAYAPP_AUDIT_ENABLED": str(audit).lower()}
     worker = WorkerProcess(env, name=prefix).start()
-    out = []
+    out: list[dict] = []
     try:
         await worker.wait_ready(loops=3)
         await create_topics(bootstrap, target, partitions=4)
@@ -287,11 +304,23 @@ async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, 
             while await _router_committed(bootstrap, prefix, 4) < loaded:
                 await asyncio.sleep(0.5)
             routed_s = time.monotonic() - started
+            known = None
+            if audit:
+                deadline = time.monotonic() + 600
+                while (known := await _waiting_known(worker.env["DELAYAPP_WEB_PORT"])) < loaded:
+                    if time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.5)
             samples = []
             for _ in range(6):
                 samples.append(_rss_mb(worker.process.pid))
                 await asyncio.sleep(0.5)
-            out.append({"waiting": level, "rss_mb": max(samples), "idle_rss_mb": idle, "routed_in_s": routed_s})
+            row = {"waiting": level, "rss_mb": max(samples), "idle_rss_mb": idle, "routed_in_s": routed_s}
+            if known is not None:
+                row["read_model_waiting"] = known
+            if out:
+                row["bytes_per_record"] = (row["rss_mb"] - out[0]["rss_mb"]) * 1e6 / (level - out[0]["waiting"])
+            out.append(row)
         return out
     finally:
         worker.stop()

@@ -16,12 +16,6 @@ class StoreUnavailable(StateStoreError, ConfigError):
     retriable = False
 
 
-class OwnerUnknown(StateStoreError):
-    """No worker owns the record's partition yet (the group is rebalancing); retry shortly."""
-
-    retriable = True
-
-
 class OwnerUnreachable(StateStoreError):
     """The worker owning the record's partition did not answer; retry shortly."""
 
