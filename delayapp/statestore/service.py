@@ -135,6 +135,9 @@ class PartitionedStates(Service):
     async def on_stop(self) -> None:
         if self._consumer is not None:
             await self._consumer.stop()
+
+    async def on_shutdown(self) -> None:
+        # after the reader's task is gone: a write batch never meets a closed store
         self.store.close()
 
     @Service.task
