@@ -19,6 +19,7 @@ import random
 import signal
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -366,7 +367,7 @@ class ChaosRun:
 
                 for rid in ids:
                     (state,) = await wait_for(
-                        lambda rid=rid: answer(rid), 60, f"{worker.name}'s record-states view to answer for {rid}"
+                        partial(answer, rid), 60, f"{worker.name}'s record-states view to answer for {rid}"
                     )
                     if not _agrees(state, expected[rid]):
                         log.error("%s serves %s for %s", worker.name, state, rid)
