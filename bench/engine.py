@@ -321,9 +321,58 @@ async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, 
             if out:
                 row["bytes_per_record"] = (row["rss_mb"] - out[0]["rss_mb"]) * 1e6 / (level - out[0]["waiting"])
             out.append(row)
+        if audit:
+            out[-1]["restart"] = await _restart_and_lookups(bootstrap, prefix, worker)
         return out
     finally:
         worker.stop()
+
+
+async def _restart_and_lookups(bootstrap: str, prefix: str, worker: WorkerProcess, ids: int = 200) -> dict:
+    """Restart ``worker`` (SIGTERM, same address and store): seconds from its start until it
+    answers ``ids`` record ids read from the record-states topic, and the latency of those lookups."""
+    import aiohttp
+
+    consumer = AIOKafkaConsumer(f"{prefix}.record-states", bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        keys: list[str] = []
+        while len(keys) < ids:
+            for records in (await consumer.getmany(timeout_ms=1000, max_records=ids)).values():
+                keys.extend(r.key.decode() for r in records if r.key)
+        keys = keys[:ids]
+    finally:
+        await consumer.stop()
+    worker.stop()
+    started = time.monotonic()
+    worker.start()
+    base = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}/delay/records/"
+    async with aiohttp.ClientSession() as session:
+
+        async def status(rid: str) -> int:
+            try:
+                async with session.get(base + rid) as response:
+                    await response.read()
+                    return response.status
+            except aiohttp.ClientError:
+                return 0
+
+        async def all_found() -> bool:
+            return all([await status(rid) == 200 for rid in keys])
+
+        await wait_for(all_found, 300, "the restarted worker to answer every id")
+        serving_s = time.monotonic() - started
+        latencies = []
+        for rid in keys:
+            t0 = time.perf_counter()
+            await status(rid)
+            latencies.append((time.perf_counter() - t0) * 1000)
+    latencies.sort()
+    return {
+        "serving_after_s": round(serving_s, 1),
+        "lookup_ms_p50": round(latencies[len(latencies) // 2], 2),
+        "lookup_ms_p99": round(latencies[int(len(latencies) * 0.99) - 1], 2),
+    }
 
 
 async def recovery_after_sigkill(bootstrap: str, *, external: bool = False) -> float:

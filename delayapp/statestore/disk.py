@@ -2,8 +2,9 @@
 
 One store per worker holds, for the ``record-states`` partitions it owns or owned:
 
-* ``s<record id>`` → the state's :func:`~delayapp.core.audit.step_order` and its
-  :func:`~delayapp.core.readmodel.state_of` JSON (ids and times, never a payload);
+* ``s<record id>`` → the state's :func:`~delayapp.core.audit.step_order` and due bucket,
+  then the step's JSON as the engine wrote it (ids and times, never a payload; cut to
+  :func:`~delayapp.core.readmodel.state_of` when read);
 * ``x<at><record id>`` → ``seq``: final states by when they became final (expiry walks the
   oldest first, a bounded amount per call);
 * ``d<partition><due bucket>`` → how many waiting records of the partition fall due in that
@@ -42,7 +43,8 @@ DUE_BUCKET_MS = 10_000  # the histogram's finest edge is 10 s
 NO_DUE = -(2**62)  # the bucket of a waiting state without a due time (counted as due now)
 
 _STATE, _EXPIRY, _DUE, _OFFSET = b"s", b"x", b"d", b"o"
-_ORDER = struct.Struct(">q?q")  # retries, final, seq
+NOT_WAITING = -(2**63)  # the due bucket of a state that is not waiting (not counted)
+_HEAD = struct.Struct(">q?qq")  # retries, final, seq (the step order), due bucket or NOT_WAITING
 _I32, _I64, _U64 = struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">Q")
 
 
@@ -116,7 +118,7 @@ class DiskStateStore:
     def get(self, key: bytes) -> dict[str, Any] | None:
         """The state of the record whose id is ``key``, or None."""
         held = self._get(_STATE + key)
-        return None if held is None else dict(orjson.loads(held[_ORDER.size :]))
+        return None if held is None else state_of(orjson.loads(held[_HEAD.size :]))
 
     def offset(self, partition: int) -> int | None:
         """The next offset of ``partition`` to fold, or None if nothing of it was ever folded here."""
@@ -175,7 +177,7 @@ class DiskStateStore:
             held = pending[skey] if skey in pending else self._get(skey)
             if value is None:  # a tombstone forgets the id
                 if held is not None:
-                    self._count(due, touched, held, -1)
+                    self._count(due, touched, _HEAD.unpack_from(held)[3], -1)
                     pending[skey] = None
                     changed += 1
                 continue
@@ -185,19 +187,20 @@ class DiskStateStore:
             except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
                 self.malformed += 1
                 continue
-            if held is not None and order <= _ORDER.unpack(held[: _ORDER.size]):
-                continue
-            state = state_of(event)
-            new = _ORDER.pack(*order) + orjson.dumps(state)
             if held is not None:
-                self._count(due, touched, held, -1)
-            self._count(due, touched, new, +1)
-            pending[skey] = new
+                held_head = _HEAD.unpack_from(held)
+                if order <= held_head[:3]:
+                    continue
+                self._count(due, touched, held_head[3], -1)
+            waiting = not order[1] and event.get("status") == RecordStatus.WAITING
+            bucket = due_bucket(event.get("reactivate_at")) if waiting else NOT_WAITING
+            self._count(due, touched, bucket, +1)
+            pending[skey] = _HEAD.pack(*order, bucket) + value
             changed += 1
             if order[1]:
-                at = int(state.get("at") or 0)
+                at = int(event.get("at") or 0)
                 expiring.append((_EXPIRY + _signed_key(at) + key, _I64.pack(order[2])))
-                self.recent_finals.append((at, str(state.get("status")), state.get("target"), state.get("lateness_ms")))
+                self.recent_finals.append((at, str(event.get("status")), event.get("target"), event.get("lateness_ms")))
         batch = WriteBatch(raw_mode=True)
         for skey, written in pending.items():
             if written is None:
@@ -219,14 +222,10 @@ class DiskStateStore:
         return changed
 
     @staticmethod
-    def _count(due: dict[int, int], touched: set[int], held: bytes, delta: int) -> None:
-        """Count a held value in or out of the due counts, if it is a waiting state."""
-        if _ORDER.unpack(held[: _ORDER.size])[1]:
+    def _count(due: dict[int, int], touched: set[int], bucket: int, delta: int) -> None:
+        """Count a waiting state in (``delta`` 1) or out (-1) of its due bucket; others are not counted."""
+        if bucket == NOT_WAITING:
             return
-        state = orjson.loads(held[_ORDER.size :])
-        if state.get("status") != RecordStatus.WAITING:
-            return
-        bucket = due_bucket(state.get("reactivate_at"))
         due[bucket] = due.get(bucket, 0) + delta
         touched.add(bucket)
 
@@ -244,8 +243,8 @@ class DiskStateStore:
             held = self._get(skey)
             if held is None:
                 continue
-            retries, final, held_seq = _ORDER.unpack(held[: _ORDER.size])
-            at = int(orjson.loads(held[_ORDER.size :]).get("at") or 0)
+            _, final, held_seq, _ = _HEAD.unpack_from(held)
+            at = int(orjson.loads(held[_HEAD.size :]).get("at") or 0)
             # only the very state indexed: one replaced since (a retry, a newer step) stays
             if final and held_seq == _I64.unpack(seq)[0] and _signed_key(at) == xkey[1:9]:
                 batch.delete(skey)
