@@ -104,6 +104,11 @@ class DiskStateStore:
         held = self._db.get(key)
         return None if held is None else bytes(cast(bytes, held))
 
+    def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        return [None if held is None else bytes(held) for held in cast(list[Any], self._db.get(keys))]
+
     def _scan(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Every entry from ``start`` on, in key order (raw mode: keys and values are bytes)."""
         for key, value in self._db.items(from_key=start):
@@ -165,8 +170,14 @@ class DiskStateStore:
         """Fold ``records`` of ``partition`` (key, value) in and store ``next_offset`` with them,
         in one write batch; how many states changed. ``partition`` must be :meth:`load`-ed."""
         due = self._due.setdefault(partition, {})
-        pending: dict[bytes, bytes | None] = {}  # this batch's writes, by state key
+        records = list(records)
+        # Every held state of the batch in one multi-get: each call into RocksDB releases the
+        # GIL, and a call per record hands it to the loops' threads and waits for it back each
+        # time (measured: 10,000 states took 2.9 s instead of 70 ms beside one busy thread).
+        wanted = list({_STATE + key for key, _ in records if key})
+        pending: dict[bytes, bytes | None] = dict(zip(wanted, self._get_many(wanted)))  # this batch's states
         touched: set[int] = set()
+        written: set[bytes] = set()
         expiring: list[tuple[bytes, bytes]] = []
         changed = 0
         for key, value in records:
@@ -174,11 +185,12 @@ class DiskStateStore:
                 self.malformed += 1
                 continue
             skey = _STATE + key
-            held = pending[skey] if skey in pending else self._get(skey)
+            held = pending[skey]
             if value is None:  # a tombstone forgets the id
                 if held is not None:
                     self._count(due, touched, _HEAD.unpack_from(held)[3], -1)
                     pending[skey] = None
+                    written.add(skey)
                     changed += 1
                 continue
             try:
@@ -196,17 +208,19 @@ class DiskStateStore:
             bucket = due_bucket(event.get("reactivate_at")) if waiting else NOT_WAITING
             self._count(due, touched, bucket, +1)
             pending[skey] = _HEAD.pack(*order, bucket) + value
+            written.add(skey)
             changed += 1
             if order[1]:
                 at = int(event.get("at") or 0)
                 expiring.append((_EXPIRY + _signed_key(at) + key, _I64.pack(order[2])))
                 self.recent_finals.append((at, str(event.get("status")), event.get("target"), event.get("lateness_ms")))
         batch = WriteBatch(raw_mode=True)
-        for skey, written in pending.items():
-            if written is None:
+        for skey in written:
+            state = pending[skey]
+            if state is None:
                 batch.delete(skey)
             else:
-                batch.put(skey, written)
+                batch.put(skey, state)
         for xkey, seq in expiring:
             batch.put(xkey, seq)
         prefix = _due_prefix(partition)
@@ -232,15 +246,18 @@ class DiskStateStore:
     def expire(self, *, now_ms: int, limit: int) -> int:
         """Forget final states older than the TTL, looking at ``limit`` index entries at most; how many went."""
         upper = _EXPIRY + _signed_key(now_ms - self.ttl_ms)
-        batch = WriteBatch(raw_mode=True)
-        gone = looked = 0
+        due: list[tuple[bytes, bytes]] = []
         for xkey, seq in self._scan(_EXPIRY):
-            if looked >= limit or not xkey.startswith(_EXPIRY) or xkey >= upper:
+            if len(due) >= limit or not xkey.startswith(_EXPIRY) or xkey >= upper:
                 break
-            looked += 1
+            due.append((xkey, seq))
+        if not due:
+            return 0
+        batch = WriteBatch(raw_mode=True)
+        gone = 0
+        skeys = [_STATE + xkey[1 + 8 :] for xkey, _ in due]
+        for (xkey, seq), skey, held in zip(due, skeys, self._get_many(skeys)):
             batch.delete(xkey)
-            skey = _STATE + xkey[1 + 8 :]
-            held = self._get(skey)
             if held is None:
                 continue
             _, final, held_seq, _ = _HEAD.unpack_from(held)
@@ -249,6 +266,5 @@ class DiskStateStore:
             if final and held_seq == _I64.unpack(seq)[0] and _signed_key(at) == xkey[1:9]:
                 batch.delete(skey)
                 gone += 1
-        if looked:
-            self._db.write(batch)
+        self._db.write(batch)
         return gone
