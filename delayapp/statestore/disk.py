@@ -107,7 +107,8 @@ class DiskStateStore:
     def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
             return []
-        return [None if held is None else bytes(held) for held in cast(list[Any], self._db.get(keys))]
+        found = cast(list[Any], self._db.get(cast(Any, keys)))  # a list of keys: one multi-get
+        return [None if held is None else bytes(held) for held in found]
 
     def _scan(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Every entry from ``start`` on, in key order (raw mode: keys and values are bytes)."""
