@@ -326,7 +326,7 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
                 )
             report.add(
                 "Redis memory per pending 1 KB record",
-                f"{per_record:,.0f} bytes (delayapp worker: ~0, records stay in Kafka)",
+                f"{per_record:,.0f} bytes (delayapp: the payload stays in Kafka; its worker: the backlog section)",
             )
     return report
 

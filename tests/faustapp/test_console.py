@@ -223,3 +223,37 @@ def test_replay_request_is_checked() -> None:
     for bad in ({}, {"keys": []}, {"keys": ["nope"]}, {"keys": [1]}, {"keys": ["p/0/1"], "delay": "soon"}, []):
         with pytest.raises(_Problem):
             replay_request(bad)
+
+
+async def test_the_console_sums_every_workers_due_counts_and_says_when_a_share_is_missing() -> None:
+    """This worker's counts plus each peer's ``/delay/states/due``; a peer that does not answer
+    leaves its partitions out, and the body says the histogram is partial."""
+    from types import SimpleNamespace
+
+    import orjson
+
+    from delayapp.faustapp.console_feed import ConsoleFeed
+    from delayapp.settings import load_settings
+    from delayapp.statestore.disk import NO_DUE
+    from delayapp.statestore.errors import OwnerUnreachable
+    from delayapp.statestore.remote import Answer
+
+    states = SimpleNamespace(
+        partitions=4, ready={0, 1}, due_counts=lambda: {NOW: 2, NO_DUE: 1}, peers=lambda: {"http://b", "http://c"}
+    )
+
+    class Peers:
+        def __init__(self, reachable: set[str]) -> None:
+            self.reachable = reachable
+
+        async def get(self, url: str, path: str) -> Answer:
+            assert path == "/delay/states/due"
+            if url not in self.reachable:
+                raise OwnerUnreachable(url)
+            part = 2 if url == "http://b" else 3
+            return Answer(200, orjson.dumps({"ready": [part], "due": {str(NOW): 5}}), "application/json")
+
+    settings = load_settings()
+    feed = ConsoleFeed(settings=settings, layout=settings.topic_layout())
+    assert await feed._due_counts(states, Peers({"http://b", "http://c"})) == ({NOW: 12, None: 1}, True)
+    assert await feed._due_counts(states, Peers({"http://b"})) == ({NOW: 7, None: 1}, False)
