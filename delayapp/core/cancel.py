@@ -109,6 +109,17 @@ class CancelTable:
         reason, by = self._overflow[record_id] if note == NOTE_SLOTS - 1 else self._notes[note]
         return CancelRequest(record_id, cancelled_at, reason, by)
 
+    def latest(self, limit: int) -> list[CancelRequest]:
+        """The ``limit`` cancellations that arrived last, newest first."""
+        out: list[CancelRequest] = []
+        for record_id in reversed(self._packed):
+            if len(out) >= limit:
+                break
+            request = self.get(record_id)
+            assert request is not None
+            out.append(request)
+        return out
+
     def put(self, request: CancelRequest) -> None:
         """Keep ``request`` as its id's cancellation (replacing any earlier one)."""
         pair = (request.reason, request.by)

@@ -54,6 +54,11 @@ class CancelRegistry(Service):
         """The cancellation of ``record_id``, or None."""
         return self._cancels.get(record_id)
 
+    @property
+    def table(self) -> CancelTable:
+        """Every live cancellation (read only)."""
+        return self._cancels
+
     async def on_start(self) -> None:
         self._consumer = AIOKafkaConsumer(
             **self.kafka_client_kwargs, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=200

@@ -136,7 +136,7 @@ class ConsoleFeed:
             return self._cached[1]
         if tail is not None:
             tail.want()
-        due, complete = await self._due_counts(states, router)
+        due, complete = await self._due_counts(states, router, engine.cancellations.table)
         body = console_body(
             stats=engine.stats(),
             heads=[
@@ -157,8 +157,9 @@ class ConsoleFeed:
         self._cached = (now, body)
         return body
 
-    async def _due_counts(self, states: Any, router: Any) -> tuple[dict[int | None, int], bool]:
-        """Waiting records per due bucket across the workers, and whether every partition answered."""
+    async def _due_counts(self, states: Any, router: Any, cancels: Any = None) -> tuple[dict[int | None, int], bool]:
+        """Waiting records per due bucket across the workers (less those cancelled that no loop
+        has met yet), and whether every partition answered."""
         if states is None or not states.partitions:
             return {}, False
         counts: dict[int | None, int] = {}
@@ -169,7 +170,7 @@ class ConsoleFeed:
                 key = None if int(bucket) == NO_DUE else int(bucket)
                 counts[key] = counts.get(key, 0) + int(count)
 
-        add(states.due_counts())
+        add(states.due_counts(cancels))
         peers = sorted(states.peers())
         answers = await asyncio.gather(*(router.get(url, "/delay/states/due") for url in peers), return_exceptions=True)
         for url, answer in zip(peers, answers):

@@ -49,6 +49,12 @@ class _Problem(Exception):
         self.status = status
 
 
+def _cancels() -> Any:
+    """This worker's live cancellations (every worker has all of them), once its engine runs."""
+    engine = app.engine
+    return engine.cancellations.table if engine is not None else None
+
+
 def _refuse(view: View, problem: _Problem) -> Response:
     return view.json({"error": str(problem)}, status=problem.status)
 
@@ -198,7 +204,7 @@ class DueCounts(View):
                 "worker": states.advertised_url,
                 "owned": sorted(states.owned),
                 "ready": sorted(states.ready),
-                "due": {str(bucket): count for bucket, count in states.due_counts().items()},
+                "due": {str(bucket): count for bucket, count in states.due_counts(_cancels()).items()},
             }
         )
 

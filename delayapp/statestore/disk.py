@@ -126,6 +126,13 @@ class DiskStateStore:
         held = self._get(_STATE + key)
         return None if held is None else state_of(orjson.loads(held[_HEAD.size :]))
 
+    def get_many(self, keys: list[bytes]) -> list[dict[str, Any] | None]:
+        """The states of several record ids, in one call into RocksDB."""
+        return [
+            None if held is None else state_of(orjson.loads(held[_HEAD.size :]))
+            for held in self._get_many([_STATE + key for key in keys])
+        ]
+
     def offset(self, partition: int) -> int | None:
         """The next offset of ``partition`` to fold, or None if nothing of it was ever folded here."""
         raw = self._get(_offset_key(partition))

@@ -25,15 +25,18 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from mode import Service
 
+from delayapp.core.audit import RecordStatus
+from delayapp.core.cancel import CancelTable, applies_to
 from delayapp.core.clock import now_ms
 from delayapp.engine.metadata import topic_partitions
-from delayapp.statestore.disk import DiskStateStore
+from delayapp.statestore.disk import DiskStateStore, due_bucket
 from delayapp.statestore.routing import OwnerAssignor, Owners, partition_of
 
 log = logging.getLogger(__name__)
 
 EXPIRE_BATCH = 10_000  # expiry index entries looked at per tick at most
 QUIET_S = 3.0  # a partition counts as caught up once nothing arrived for this long
+CANCELS_LOOKED_AT = 10_000  # latest cancellations left out of the waiting counts at most
 FETCH_RECORDS = 2_000  # records folded per fetch at most (one write batch per partition; ~40 ms of the event loop)
 
 
@@ -100,9 +103,27 @@ class PartitionedStates(Service):
         """The state this worker's store holds for ``record_id`` (meaningful where :meth:`locate` says local)."""
         return self.store.get(record_id.encode())
 
-    def due_counts(self) -> dict[int, int]:
-        """Waiting records of the partitions this worker owns and has caught up on, per due bucket."""
-        return self.store.due_counts(self.ready)
+    def due_counts(self, cancels: CancelTable | None = None) -> dict[int, int]:
+        """Waiting records of the partitions this worker owns and has caught up on, per due bucket;
+        less those a cancellation in ``cancels`` applies to that no loop has met yet (of the
+        :data:`CANCELS_LOOKED_AT` latest cancellations: a loop meets the others within a hop)."""
+        counts = self.store.due_counts(self.ready)
+        if cancels is None or not len(cancels) or not self.partitions:
+            return counts
+        mine = [
+            c for c in cancels.latest(CANCELS_LOOKED_AT) if partition_of(c.record_id, self.partitions) in self.ready
+        ]
+        states = self.store.get_many([c.record_id.encode() for c in mine])
+        for cancel, state in zip(mine, states):
+            if state is None or state.get("status") != RecordStatus.WAITING:
+                continue
+            if applies_to(cancel, state.get("delayed_at")):
+                bucket = due_bucket(state.get("reactivate_at"))
+                if counts.get(bucket, 0) > 1:
+                    counts[bucket] -= 1
+                else:
+                    counts.pop(bucket, None)
+        return counts
 
     def peers(self) -> set[str]:
         """The other workers' addresses in the latest assignment."""

@@ -201,3 +201,11 @@ def test_reasons_beyond_the_packed_slots_are_kept_beside_their_id(monkeypatch: p
     assert [table.get(f"r{n}").reason for n in range(6)] == [f"reason {n}" for n in range(6)]
     table.discard("r5")
     assert table.get("r5") is None and NOTE_SLOTS == 1 << 16
+
+
+def test_the_latest_cancels_come_newest_first() -> None:
+    table = CancelTable()
+    for n in range(5):
+        table.put(CancelRequest(f"r{n}", NOW + n))
+    table.put(CancelRequest("r1", NOW + 9))
+    assert [c.record_id for c in table.latest(3)] == ["r1", "r4", "r3"] and table.latest(0) == []

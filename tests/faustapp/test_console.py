@@ -239,7 +239,10 @@ async def test_the_console_sums_every_workers_due_counts_and_says_when_a_share_i
     from delayapp.statestore.remote import Answer
 
     states = SimpleNamespace(
-        partitions=4, ready={0, 1}, due_counts=lambda: {NOW: 2, NO_DUE: 1}, peers=lambda: {"http://b", "http://c"}
+        partitions=4,
+        ready={0, 1},
+        due_counts=lambda cancels=None: {NOW: 2, NO_DUE: 1},
+        peers=lambda: {"http://b", "http://c"},
     )
 
     class Peers:

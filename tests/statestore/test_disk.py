@@ -114,3 +114,8 @@ def test_folds_exactly_as_the_reference_fold(batches: list) -> None:
             recount[bucket] = recount.get(bucket, 0) + 1
         assert store.due_counts([0]) == recount
         store.close()
+
+
+def test_get_many_answers_in_the_order_asked(store: DiskStateStore) -> None:
+    store.apply(0, [(b"a", step("a", RecordStatus.WAITING))], 1)
+    assert [s and s["record_id"] for s in store.get_many([b"zz", b"a"])] == [None, "a"] and store.get_many([]) == []
