@@ -35,7 +35,7 @@ from typing import Any, cast
 import orjson
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 
-from delayapp.core.audit import RecordStatus, step_order
+from delayapp.core.audit import RecordStatus, is_final, step_order
 from delayapp.core.readmodel import RECENT_FINALS, state_of
 from delayapp.statestore.errors import StoreUnavailable
 
@@ -44,13 +44,28 @@ NO_DUE = -(2**62)  # the bucket of a waiting state without a due time (counted a
 
 _STATE, _EXPIRY, _DUE, _OFFSET = b"s", b"x", b"d", b"o"
 NOT_WAITING = -(2**63)  # the due bucket of a state that is not waiting (not counted)
-_HEAD = struct.Struct(">q?qq")  # retries, final, seq (the step order), due bucket or NOT_WAITING
+_FIXED = struct.Struct(">?qB")  # final, due bucket (or NOT_WAITING), fields in the step order
 _I32, _I64, _U64 = struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">Q")
 
 
 def _signed_key(value: int) -> bytes:
     """An int as 8 bytes that sort like the int (negative ones first)."""
     return _U64.pack(value + 2**63)
+
+
+def _head(final: bool, bucket: int, order: tuple[Any, ...]) -> bytes:
+    """A held state's header: what counting and ordering need without decoding its JSON."""
+    return _FIXED.pack(final, bucket, len(order)) + struct.pack(f">{len(order)}q", *order)
+
+
+def _read_head(held: bytes) -> tuple[bool, int, tuple[int, ...], int]:
+    """``final``, due bucket, step order and where the JSON starts, of a held state."""
+    final, bucket, fields = _FIXED.unpack_from(held)
+    return final, bucket, struct.unpack_from(f">{fields}q", held, _FIXED.size), _FIXED.size + 8 * fields
+
+
+def _json_of(held: bytes) -> Any:
+    return orjson.loads(held[_read_head(held)[3] :])
 
 
 def _offset_key(partition: int) -> bytes:
@@ -124,12 +139,12 @@ class DiskStateStore:
     def get(self, key: bytes) -> dict[str, Any] | None:
         """The state of the record whose id is ``key``, or None."""
         held = self._get(_STATE + key)
-        return None if held is None else state_of(orjson.loads(held[_HEAD.size :]))
+        return None if held is None else state_of(_json_of(held))
 
     def get_many(self, keys: list[bytes]) -> list[dict[str, Any] | None]:
         """The states of several record ids, in one call into RocksDB."""
         return [
-            None if held is None else state_of(orjson.loads(held[_HEAD.size :]))
+            None if held is None else state_of(_json_of(held))
             for held in self._get_many([_STATE + key for key in keys])
         ]
 
@@ -196,7 +211,7 @@ class DiskStateStore:
             held = pending[skey]
             if value is None:  # a tombstone forgets the id
                 if held is not None:
-                    self._count(due, touched, _HEAD.unpack_from(held)[3], -1)
+                    self._count(due, touched, _read_head(held)[1], -1)
                     pending[skey] = None
                     written.add(skey)
                     changed += 1
@@ -208,19 +223,20 @@ class DiskStateStore:
                 self.malformed += 1
                 continue
             if held is not None:
-                held_head = _HEAD.unpack_from(held)
-                if order <= held_head[:3]:
+                _, held_bucket, held_order, _ = _read_head(held)
+                if order <= held_order:
                     continue
-                self._count(due, touched, held_head[3], -1)
-            waiting = not order[1] and event.get("status") == RecordStatus.WAITING
+                self._count(due, touched, held_bucket, -1)
+            final = is_final(event)
+            waiting = not final and event.get("status") == RecordStatus.WAITING
             bucket = due_bucket(event.get("reactivate_at")) if waiting else NOT_WAITING
             self._count(due, touched, bucket, +1)
-            pending[skey] = _HEAD.pack(*order, bucket) + value
+            pending[skey] = _head(final, bucket, order) + value
             written.add(skey)
             changed += 1
-            if order[1]:
+            if final:
                 at = int(event.get("at") or 0)
-                expiring.append((_EXPIRY + _signed_key(at) + key, _I64.pack(order[2])))
+                expiring.append((_EXPIRY + _signed_key(at) + key, _I64.pack(int(event.get("seq", -1)))))
                 self.recent_finals.append((at, str(event.get("status")), event.get("target"), event.get("lateness_ms")))
         batch = WriteBatch(raw_mode=True)
         for skey in written:
@@ -268,8 +284,9 @@ class DiskStateStore:
             batch.delete(xkey)
             if held is None:
                 continue
-            _, final, held_seq, _ = _HEAD.unpack_from(held)
-            at = int(orjson.loads(held[_HEAD.size :]).get("at") or 0)
+            final, _, _, start = _read_head(held)
+            state = orjson.loads(held[start:])
+            held_seq, at = int(state.get("seq", -1)), int(state.get("at") or 0)
             # only the very state indexed: one replaced since (a retry, a newer step) stays
             if final and held_seq == _I64.unpack(seq)[0] and _signed_key(at) == xkey[1:9]:
                 batch.delete(skey)
