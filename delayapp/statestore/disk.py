@@ -9,7 +9,9 @@ One store per worker holds, for the ``record-states`` partitions it owns or owne
   oldest first, a bounded amount per call);
 * ``d<partition><due bucket>`` → how many waiting records of the partition fall due in that
   bucket of :data:`DUE_BUCKET_MS` (the console's histogram, without a scan);
-* ``o<partition>`` → the next offset of the partition to read.
+* ``o<partition>`` → the next offset of the partition to read;
+* ``v`` → :data:`FORMAT`: a store written in another layout is emptied when opened, and its
+  partitions are read again from the topic (the store is only a cache of it).
 
 Each fetched batch of a partition is written as one RocksDB write batch together with its next
 offset, so the store never holds a state without the offset past it, nor the reverse: a worker
@@ -42,7 +44,8 @@ from delayapp.statestore.errors import StoreUnavailable
 DUE_BUCKET_MS = 10_000  # the histogram's finest edge is 10 s
 NO_DUE = -(2**62)  # the bucket of a waiting state without a due time (counted as due now)
 
-_STATE, _EXPIRY, _DUE, _OFFSET = b"s", b"x", b"d", b"o"
+FORMAT = b"2"  # the layout of the keys and values below; another one is read again from the topic
+_STATE, _EXPIRY, _DUE, _OFFSET, _FORMAT = b"s", b"x", b"d", b"o", b"v"
 NOT_WAITING = -(2**63)  # the due bucket of a state that is not waiting (not counted)
 _FIXED = struct.Struct(">?qB")  # final, due bucket (or NOT_WAITING), fields in the step order
 _I32, _I64, _U64 = struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">Q")
@@ -114,6 +117,16 @@ class DiskStateStore:
                 f"cannot open the read model's store at {self.path} ({exc}); is another worker using it? "
                 "give each worker its own DELAYAPP_STATE_DIR or DELAYAPP_INSTANCE_ID"
             ) from None
+        if self._get(_FORMAT) != FORMAT:
+            self._empty()
+
+    def _empty(self) -> None:
+        """Forget everything (another layout, or none): every partition is read from the start."""
+        batch = WriteBatch(raw_mode=True)
+        for key, _ in self._scan(b""):
+            batch.delete(key)
+        batch.put(_FORMAT, FORMAT)
+        self._db.write(batch)
 
     def _get(self, key: bytes) -> bytes | None:
         held = self._db.get(key)

@@ -119,3 +119,20 @@ def test_folds_exactly_as_the_reference_fold(batches: list) -> None:
 def test_get_many_answers_in_the_order_asked(store: DiskStateStore) -> None:
     store.apply(0, [(b"a", step("a", RecordStatus.WAITING))], 1)
     assert [s and s["record_id"] for s in store.get_many([b"zz", b"a"])] == [None, "a"] and store.get_many([]) == []
+
+
+def test_a_store_in_another_layout_is_emptied_and_read_again_from_the_topic(tmp_path: Path) -> None:
+    from rocksdict import Options, Rdict
+
+    old = Rdict(str(tmp_path / "s"), Options(raw_mode=True))
+    old[b"o\x00\x00\x00\x00"] = b"\x00" * 8  # an offset written by another layout, without its marker
+    old[b"sa"] = b"junk"
+    old.close()
+    store = DiskStateStore(tmp_path / "s", ttl_ms=1_000)
+    assert store.offset(0) is None and store.get(b"a") is None
+    store.load(0)
+    store.apply(0, [(b"a", step("a", RecordStatus.WAITING))], 1)
+    store.close()
+    again = DiskStateStore(tmp_path / "s", ttl_ms=1_000)  # its own layout: kept
+    assert again.offset(0) == 1 and again.get(b"a")["status"] == RecordStatus.WAITING
+    again.close()
