@@ -263,16 +263,33 @@ async def _router_committed(bootstrap: str, prefix: str, partitions: int) -> int
         await consumer.stop()
 
 
-async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, external: bool = False) -> list[dict]:
-    """Worker RSS with ``levels`` records waiting in the 1 h topic (cumulative loads).
+async def _waiting_known(port: str) -> int:
+    """Waiting records the worker's read model holds (its ``/delay/states/due`` counts)."""
+    import aiohttp
 
-    With the audit on, the in-memory ``record-states`` table holds one entry per record in
-    flight; with it off only the delay engine is measured."""
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/delay/states/due") as response,
+        ):
+            body = await response.json() if response.status == 200 else {}
+    except aiohttp.ClientError:
+        return 0
+    return sum(int(n) for n in body.get("due", {}).values())
+
+
+async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, external: bool = False) -> list[dict]:
+    """Worker RSS with ``levels`` records waiting in the 1 h topic (cumulative loads), and the
+    bytes of RSS per waiting record it grew by since the first level.
+
+    With the audit on, the worker's read model (on disk: :mod:`delayapp.statestore`) holds one
+    state per record in flight, and each level is measured once it has folded them all; with
+    it off only the delay engine is measured."""
     prefix = unique("blg")
     target = f"{prefix}-out"
     env = {**worker_env(bootstrap, prefix, "1s,1h", external=external), "DELAYAPP_AUDIT_ENABLED": str(audit).lower()}
     worker = WorkerProcess(env, name=prefix).start()
-    out = []
+    out: list[dict] = []
     try:
         await worker.wait_ready(loops=3)
         await create_topics(bootstrap, target, partitions=4)
@@ -288,14 +305,75 @@ async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, 
             while await _router_committed(bootstrap, prefix, 4) < loaded:
                 await asyncio.sleep(0.5)
             routed_s = time.monotonic() - started
+            known = None
+            if audit:
+                deadline = time.monotonic() + 600
+                while (known := await _waiting_known(worker.env["DELAYAPP_WEB_PORT"])) < loaded:
+                    if time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.5)
             samples = []
             for _ in range(6):
                 samples.append(_rss_mb(worker.process.pid))
                 await asyncio.sleep(0.5)
-            out.append({"waiting": level, "rss_mb": max(samples), "idle_rss_mb": idle, "routed_in_s": routed_s})
+            row = {"waiting": level, "rss_mb": max(samples), "idle_rss_mb": idle, "routed_in_s": routed_s}
+            if known is not None:
+                row["read_model_waiting"] = known
+            if out:
+                row["bytes_per_record"] = (row["rss_mb"] - out[0]["rss_mb"]) * 1e6 / (level - out[0]["waiting"])
+            out.append(row)
+        if audit:
+            out[-1]["restart"] = await _restart_and_lookups(bootstrap, prefix, worker)
         return out
     finally:
         worker.stop()
+
+
+async def _restart_and_lookups(bootstrap: str, prefix: str, worker: WorkerProcess, ids: int = 200) -> dict:
+    """Restart ``worker`` (SIGTERM, same address and store): seconds from its start until it
+    answers ``ids`` record ids read from the record-states topic, and the latency of those lookups."""
+    import aiohttp
+
+    consumer = AIOKafkaConsumer(f"{prefix}.record-states", bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        keys: list[str] = []
+        while len(keys) < ids:
+            for records in (await consumer.getmany(timeout_ms=1000, max_records=ids)).values():
+                keys.extend(r.key.decode() for r in records if r.key)
+        keys = keys[:ids]
+    finally:
+        await consumer.stop()
+    worker.stop()
+    started = time.monotonic()
+    worker.start()
+    base = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}/delay/records/"
+    async with aiohttp.ClientSession() as session:
+
+        async def status(rid: str) -> int:
+            try:
+                async with session.get(base + rid) as response:
+                    await response.read()
+                    return response.status
+            except aiohttp.ClientError:
+                return 0
+
+        async def all_found() -> bool:
+            return all([await status(rid) == 200 for rid in keys])
+
+        await wait_for(all_found, 300, "the restarted worker to answer every id")
+        serving_s = time.monotonic() - started
+        latencies = []
+        for rid in keys:
+            t0 = time.perf_counter()
+            await status(rid)
+            latencies.append((time.perf_counter() - t0) * 1000)
+    latencies.sort()
+    return {
+        "serving_after_s": round(serving_s, 1),
+        "lookup_ms_p50": round(latencies[len(latencies) // 2], 2),
+        "lookup_ms_p99": round(latencies[int(len(latencies) * 0.99) - 1], 2),
+    }
 
 
 async def recovery_after_sigkill(bootstrap: str, *, external: bool = False) -> float:

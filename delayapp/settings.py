@@ -240,6 +240,18 @@ class Settings(BaseSettings):
         "(and, with the longest delay, its topic) after this (duration)",
     )
 
+    state_dir: str = Field(
+        "delayapp-state",
+        description="directory of this worker's on-disk read model (RocksDB: the record states of the "
+        "record-states partitions it owns, a cache of that topic); each worker uses its own subdirectory",
+    )
+    state_cache_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="bytes of the on-disk read model's block cache and of each of its two write buffers "
+        "(what it may hold in memory, whatever the number of waiting records)",
+    )
+
     @field_validator(*DURATION_FIELDS, mode="before")
     @classmethod
     def _durations(cls, value: Any) -> int:

@@ -76,3 +76,79 @@ def applies_to(request: CancelRequest | None, delayed_at: int | None) -> bool:
     (broker time); a record without ``delayedAt`` (written straight into a delay topic)
     is cancelled by any cancel of its id."""
     return request is not None and (delayed_at is None or delayed_at <= request.cancelled_at)
+
+
+NOTE_SLOTS = 1 << 16  # distinct (reason, by) pairs kept packed; any further pair is kept beside its id
+
+
+class CancelTable:
+    """Record id → its live cancellation, compact: one int per id (its ``cancelled_at`` and the
+    index of its ``(reason, by)`` pair, which cancels share: ``replaced``/``http``), so a
+    pending cancel costs its id's string, one int and a dict slot, not an object with three
+    fields (measured at 1M cancels: docs/benchmarks.md).
+
+    Ids are kept in the order their latest cancel arrived, so :meth:`forget_older` walks only
+    the old ones at the front."""
+
+    def __init__(self) -> None:
+        self._packed: dict[str, int] = {}
+        self._notes: list[tuple[str, str]] = [("", "")]
+        self._note_index: dict[tuple[str, str], int] = {("", ""): 0}
+        self._overflow: dict[str, tuple[str, str]] = {}  # ids whose pair found no slot
+
+    def __len__(self) -> int:
+        return len(self._packed)
+
+    def get(self, record_id: str | None) -> CancelRequest | None:
+        """The cancellation of ``record_id``, or None."""
+        packed = self._packed.get(record_id) if record_id else None
+        if packed is None:
+            return None
+        assert record_id is not None
+        cancelled_at, note = divmod(packed, NOTE_SLOTS)
+        reason, by = self._overflow[record_id] if note == NOTE_SLOTS - 1 else self._notes[note]
+        return CancelRequest(record_id, cancelled_at, reason, by)
+
+    def latest(self, limit: int) -> list[CancelRequest]:
+        """The ``limit`` cancellations that arrived last, newest first."""
+        out: list[CancelRequest] = []
+        for record_id in reversed(self._packed):
+            if len(out) >= limit:
+                break
+            request = self.get(record_id)
+            assert request is not None
+            out.append(request)
+        return out
+
+    def put(self, request: CancelRequest) -> None:
+        """Keep ``request`` as its id's cancellation (replacing any earlier one)."""
+        pair = (request.reason, request.by)
+        note = self._note_index.get(pair)
+        if note is None:
+            if len(self._notes) < NOTE_SLOTS - 1:
+                note = self._note_index[pair] = len(self._notes)
+                self._notes.append(pair)
+            else:
+                note = NOTE_SLOTS - 1
+                self._overflow[request.record_id] = pair
+        self.discard(request.record_id)  # re-inserted: the dict's order stays the arrival order
+        self._packed[request.record_id] = max(request.cancelled_at, 0) * NOTE_SLOTS + note
+
+    def discard(self, record_id: str) -> None:
+        """Forget ``record_id``'s cancellation, if any."""
+        if self._packed.pop(record_id, None) is not None:
+            self._overflow.pop(record_id, None)
+
+    def forget_older(self, horizon_ms: int) -> int:
+        """Forget cancellations from before ``horizon_ms``, walking from the oldest arrival and
+        stopping at the first younger one (arrival order is time order up to the skew between
+        partitions and producers' clocks: an old cancel behind a young one goes a little later);
+        how many went."""
+        old = []
+        for record_id, packed in self._packed.items():
+            if packed // NOTE_SLOTS >= horizon_ms:
+                break
+            old.append(record_id)
+        for record_id in old:
+            self.discard(record_id)
+        return len(old)

@@ -10,7 +10,8 @@ A cancel counts from its append time on the cancel topic (broker time; the rule 
 longest delay, so a cancel older than ``keep_ms`` (the longest delay plus a day) has nothing
 left to cancel. Such cancels are never loaded (each partition starts at the first record
 appended within ``keep_ms``, found with ``offsets_for_times``, and older records read anyway
-are skipped), are forgotten once they age past it, and the topic itself deletes them
+are skipped), are forgotten once they age past it (:class:`~delayapp.core.cancel.CancelTable`
+keeps each as one int beside its id), and the topic itself deletes them
 (``cleanup.policy=compact,delete``, retention ``keep_ms``). A tombstone withdraws a cancel.
 """
 
@@ -24,7 +25,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from mode import Service
 
-from delayapp.core.cancel import CancelRequest, decode_cancel
+from delayapp.core.cancel import CancelRequest, CancelTable, decode_cancel
 from delayapp.core.clock import now_ms
 from delayapp.core.layout import DAY_MS
 from delayapp.core.policies import CREATE_TIME
@@ -44,14 +45,19 @@ class CancelRegistry(Service):
         self.topic = topic
         self.kafka_client_kwargs = kafka_client_kwargs
         self._keep_ms = keep_ms
-        self._cancels: dict[str, CancelRequest] = {}
+        self._cancels = CancelTable()
         self._consumer: AIOKafkaConsumer | None = None
         self.caught_up = asyncio.Event()
         self.skipped_old = 0  # cancels read at start but too old to matter (not kept)
 
     def get(self, record_id: str | None) -> CancelRequest | None:
         """The cancellation of ``record_id``, or None."""
-        return self._cancels.get(record_id) if record_id else None
+        return self._cancels.get(record_id)
+
+    @property
+    def table(self) -> CancelTable:
+        """Every live cancellation (read only)."""
+        return self._cancels
 
     async def on_start(self) -> None:
         self._consumer = AIOKafkaConsumer(
@@ -121,14 +127,13 @@ class CancelRegistry(Service):
                     now_ms=now,
                 )
                 if request is not None and request.cancelled_at >= horizon:
-                    self._cancels[request.record_id] = request
+                    self._cancels.put(request)
                 elif key is not None:
                     # a tombstone withdraws the cancellation; a cancel too old to matter
                     # replaces (so drops) any earlier one of its id, as compaction would
                     self.skipped_old += request is not None
-                    self._cancels.pop(key, None)
+                    self._cancels.discard(key)
 
     @Service.timer(60.0)
     async def _forget_old(self) -> None:
-        horizon = now_ms() - self._keep_ms
-        self._cancels = {k: c for k, c in self._cancels.items() if c.cancelled_at >= horizon}
+        self._cancels.forget_older(now_ms() - self._keep_ms)

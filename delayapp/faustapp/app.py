@@ -2,9 +2,9 @@
 
 * the delay engine (router + one delay worker per denomination) runs as this worker's
   service: plain aiokafka loops whose offsets it controls;
-* the read model: every worker folds the ``record-states`` topic, which the engine writes in
-  each hop's own batch, into memory (:mod:`delayapp.engine.record_states`): no Faust table,
-  no offsets, nothing lost behind a commit;
+* the read model: each worker folds the ``record-states`` partitions it owns, which the engine
+  writes in each hop's own batch, into its on-disk store, and asks the owner for the rest
+  (:mod:`delayapp.statestore`): no Faust table, nothing lost behind a commit;
 * users extend delayapp by adding agents to this app (see ``delayapp.client.retry_later``).
 
 The web views and the commands register themselves on :data:`app` from their own modules,
@@ -14,6 +14,7 @@ which import this one; :mod:`delayapp.faustapp` imports them all, so nothing imp
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import faust
@@ -21,12 +22,14 @@ import faust
 from delayapp.compat.loops import compat_loops
 from delayapp.engine.bootstrap import bootstrap_topics
 from delayapp.engine.connect import check_broker_access
-from delayapp.engine.record_states import RecordStatesView
 from delayapp.engine.service import DelayEngine
 from delayapp.faustapp import driver as faust_driver
 from delayapp.faustapp.access import ReadGuard
 from delayapp.faustapp.console_feed import DeadLetterTail
 from delayapp.settings import Settings, load_settings
+from delayapp.statestore.disk import DiskStateStore
+from delayapp.statestore.remote import Router
+from delayapp.statestore.service import PartitionedStates
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +48,15 @@ class DelayApp(faust.App):
     ``delay_settings`` and ``layout`` are delayapp's settings and topics (what
     :func:`delayapp.client.retry_later` reads from the app of the event it retries);
     ``engine`` is this worker's delay engine and ``record_states`` its read model, once they
-    are constructed (web views read them)."""
+    are constructed (web views read them); ``states_router`` asks other workers for what this one
+    does not own."""
 
     delay_settings: Settings = settings
     layout = layout
     engine: DelayEngine | None = None
-    record_states: RecordStatesView | None = None
+    record_states: PartitionedStates | None = None
     dead_letters: DeadLetterTail | None = None
+    states_router: Router = Router(token=settings.read_credential())
 
     def _new_transport(self) -> Any:
         # Faust's aiokafka driver, reading committed data only and committing offsets only
@@ -105,15 +110,26 @@ app = DelayApp(
 )
 
 
+def state_path(settings: Settings) -> str:
+    """This worker's own directory of the on-disk read model."""
+    return os.path.join(settings.state_dir, f"{settings.app_id}-{settings.worker_instance_id}")
+
+
 @app.service
-class RecordStates(RecordStatesView):
-    """This worker's view of the ``record-states`` topic (web views read it)."""
+class RecordStates(PartitionedStates):
+    """This worker's share of the ``record-states`` topic, on disk (web views read it, or route)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(
             topic=layout.record_states,
             kafka_client_kwargs=settings.kafka_client_kwargs(),
-            ttl_ms=settings.record_state_ttl,
+            group_id=f"{settings.app_id}-record-states",
+            advertised_url=settings.web_canonical_url or settings.web_url,
+            store=DiskStateStore(
+                state_path(settings), ttl_ms=settings.record_state_ttl, cache_bytes=settings.state_cache_bytes
+            ),
+            session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
             **kwargs,
         )
         app.record_states = self

@@ -1,14 +1,15 @@
 """The operator console's figures and charts, as pure functions (no I/O, the clock is an argument).
 
 ``GET /console/data`` (:mod:`delayapp.faustapp.console_feed` gathers the inputs) turns the worker's
-``/delay/stats`` body, the read model's states, the partitions' waiting heads and the
+``/delay/stats`` body, the read model's due counts and latest final steps, the partitions' waiting heads and the
 dead-letter summary into one JSON body; the page (``console.html``) only lays it out.
 Charts are SVG drawn here, so the page needs nothing from the internet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any
@@ -46,23 +47,30 @@ def due_histogram(
 
     The first bucket holds records already due (or with no due time), the last those due
     beyond the last edge; the others are ``[lower, upper)`` ms from ``now_ms``."""
+    return due_histogram_counts(Counter(due_times), now_ms=now_ms, edges=edges)
+
+
+def due_histogram_counts(
+    counts: Mapping[int | None, int], *, now_ms: int, edges: Sequence[int] = DUE_EDGES
+) -> list[dict[str, Any]]:
+    """:func:`due_histogram` of records already counted per due time (``due → records``)."""
     bounds: list[tuple[int | None, int | None]] = [(None, 0)]
     lower = 0
     for upper in edges:
         bounds.append((lower, upper))
         lower = upper
     bounds.append((lower, None))
-    counts = [0] * len(bounds)
-    for due in due_times:
+    totals = [0] * len(bounds)
+    for due, count in counts.items():
         ahead = None if due is None else due - now_ms
         if ahead is None or ahead <= 0:
-            counts[0] += 1
+            totals[0] += count
             continue
         for n, (_, bound) in enumerate(bounds[1:], start=1):
             if bound is None or ahead < bound:
-                counts[n] += 1
+                totals[n] += count
                 break
-    return [{"label": due_label(lo, up), "count": c} for (lo, up), c in zip(bounds, counts)]
+    return [{"label": due_label(lo, up), "count": c} for (lo, up), c in zip(bounds, totals)]
 
 
 def lateness_figures(values: Iterable[int]) -> dict[str, Any]:
@@ -298,7 +306,7 @@ def console_body(
     stats: dict[str, Any],
     heads: Iterable[Head],
     limits: dict[str, int],
-    waiting_due: Sequence[int | None],
+    waiting_due: Mapping[int | None, int],
     waiting_truncated: bool,
     finals: Iterable[dict[str, Any]],
     recent_events: Iterable[tuple[int, str, int | None]],
@@ -309,7 +317,7 @@ def console_body(
 ) -> dict[str, Any]:
     """The body of ``GET /console/data``: every panel's figures, and ``stats`` as ``/delay/stats`` gave them."""
     window = int(stats.get("window_ms") or MINUTE)
-    by_due = due_histogram(waiting_due, now_ms=now_ms)
+    by_due = due_histogram_counts(waiting_due, now_ms=now_ms)
     by_topic = pending_by_topic(stats)
     far = far_heads(heads, limits, now_ms=now_ms)
     early = early_in_window(recent_events, now_ms=now_ms, window_ms=window)
@@ -332,7 +340,7 @@ def console_body(
         "waiting": {
             "by_due": by_due,
             "by_due_svg": bar_chart_svg([(b["label"], b["count"]) for b in by_due]),
-            "known": len(waiting_due),
+            "known": sum(waiting_due.values()),
             "truncated": waiting_truncated,
             "by_topic": by_topic,
             # the chart shows where records are; the table lists every topic, empty ones too

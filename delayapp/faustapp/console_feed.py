@@ -1,4 +1,5 @@
-"""The console's inputs, read from this worker: its engine, its read model and the dead-letter topic.
+"""The console's inputs, read from this worker: its engine, its read model and the dead-letter topic,
+and the other workers' shares of the waiting records by due time.
 
 The figures themselves are computed by the pure :mod:`delayapp.faustapp.console`. The dead-letter
 topic is read the way ``faust -A delayapp dlq list`` reads it (every partition from the
@@ -18,17 +19,16 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from mode import Service
 
-from delayapp.core.cancel import applies_to
 from delayapp.core.clock import now_ms
 from delayapp.core.layout import TopicLayout
 from delayapp.core.replay import dead_letter_info, replay_key
 from delayapp.engine.metadata import topic_partitions
 from delayapp.faustapp.console import DeadLetterSummary, Head, console_body
 from delayapp.settings import Settings
+from delayapp.statestore.disk import NO_DUE
 
 log = logging.getLogger(__name__)
 
-WAITING_LIMIT = 200_000  # waiting states decoded per refresh at most (the histogram says when it stopped there)
 CACHE_MS = 1_000  # several open pages share one body per second
 QUIET_S = 3.0  # caught up once nothing arrived for this long (Tansu may under-report end offsets)
 
@@ -119,12 +119,6 @@ def head_limits(settings: Settings, layout: TopicLayout) -> dict[str, int]:
     return limits
 
 
-def _cancelled(engine: Any, state: dict[str, Any]) -> bool:
-    """True when a cancellation applies to this waiting record (it will be dropped, never delivered)."""
-    cancel = engine.cancellations.get(str(state.get("record_id")))
-    return cancel is not None and applies_to(cancel, state.get("delayed_at"))
-
-
 class ConsoleFeed:
     """Builds the body of ``GET /console/data`` from one worker's engine, read model and tail."""
 
@@ -133,17 +127,16 @@ class ConsoleFeed:
         self.layout = layout
         self._cached: tuple[int, dict[str, Any]] | None = None
 
-    def body(self, engine: Any, states: Any, tail: DeadLetterTail | None) -> dict[str, Any]:
-        """Every panel's figures (cached for :data:`CACHE_MS`)."""
+    async def body(self, engine: Any, states: Any, tail: DeadLetterTail | None, router: Any) -> dict[str, Any]:
+        """Every panel's figures (cached for :data:`CACHE_MS`). The waiting records by due time
+        are the sums of every worker's due counts (this one's, and each peer's
+        ``/delay/states/due`` through ``router``): aggregates, never a scan of the records."""
         now = now_ms()
         if self._cached is not None and now - self._cached[0] < CACHE_MS:
             return self._cached[1]
         if tail is not None:
             tail.want()
-        store = states.store if states is not None else None
-        waiting = (
-            [s for s in store.waiting(WAITING_LIMIT + 1) if not _cancelled(engine, s)] if store is not None else []
-        )
+        due, complete = await self._due_counts(states, router, engine.cancellations.table)
         body = console_body(
             stats=engine.stats(),
             heads=[
@@ -152,9 +145,9 @@ class ConsoleFeed:
                 for (topic, partition), awake in lp.pending_heads().items()
             ],
             limits=head_limits(self.settings, self.layout),
-            waiting_due=[s.get("reactivate_at") for s in waiting[:WAITING_LIMIT]],
-            waiting_truncated=len(waiting) > WAITING_LIMIT,
-            finals=store.finals() if store is not None else (),
+            waiting_due=due,
+            waiting_truncated=not complete,
+            finals=states.store.finals() if states is not None else (),
             recent_events=[event for lp in engine.loops for event in list(lp.stats.recent)],
             dead=tail.summary.body(now_ms=now, ready=tail.caught_up) if tail is not None else {},
             view_caught_up=states is not None and states.caught_up.is_set(),
@@ -163,3 +156,28 @@ class ConsoleFeed:
         )
         self._cached = (now, body)
         return body
+
+    async def _due_counts(self, states: Any, router: Any, cancels: Any = None) -> tuple[dict[int | None, int], bool]:
+        """Waiting records per due bucket across the workers (less those cancelled that no loop
+        has met yet), and whether every partition answered."""
+        if states is None or not states.partitions:
+            return {}, False
+        counts: dict[int | None, int] = {}
+        answered = set(states.ready)
+
+        def add(due: dict[Any, int]) -> None:
+            for bucket, count in due.items():
+                key = None if int(bucket) == NO_DUE else int(bucket)
+                counts[key] = counts.get(key, 0) + int(count)
+
+        add(states.due_counts(cancels))
+        peers = sorted(states.peers())
+        answers = await asyncio.gather(*(router.get(url, "/delay/states/due") for url in peers), return_exceptions=True)
+        for url, answer in zip(peers, answers):
+            if isinstance(answer, BaseException) or answer.status != 200:
+                log.info("console: no due counts from %s (%s)", url, answer)
+                continue
+            body = orjson.loads(answer.body)
+            add(body.get("due", {}))
+            answered.update(body.get("ready", ()))
+        return counts, answered >= set(range(states.partitions))

@@ -2,8 +2,9 @@
 
 Read views are open unless ``DELAYAPP_READ_TOKEN`` is set (then every view but ``/health``
 needs it: :mod:`delayapp.faustapp.access`); the write views need ``Authorization: Bearer
-<DELAYAPP_API_TOKEN>`` and answer 403 while no token is configured. Every worker answers ``/delay/records/{id}``
-from its own view of the whole ``record-states`` topic (:mod:`delayapp.engine.record_states`).
+<DELAYAPP_API_TOKEN>`` and answer 403 while no token is configured. Every worker answers ``/delay/records/{id}``:
+from its own store when it owns the id's ``record-states`` partition, else by asking the owner
+(:mod:`delayapp.statestore`), with its read credential.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import hmac
 from importlib import resources
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from faust.web import Request, Response, View
@@ -27,6 +29,8 @@ from delayapp.faustapp.access import LOGIN_PATH, LOGOUT_PATH, login_page, safe_n
 from delayapp.faustapp.app import app, layout, read_guard, settings
 from delayapp.faustapp.console_feed import ConsoleFeed
 from delayapp.ops.dead_letters import replay_dead_letters
+from delayapp.statestore.errors import OwnerUnreachable
+from delayapp.statestore.remote import ROUTED_HEADER
 
 MAX_REPLAY_KEYS = 1_000
 _console = ConsoleFeed(settings=settings, layout=layout)
@@ -43,6 +47,12 @@ class _Problem(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def _cancels() -> Any:
+    """This worker's live cancellations (every worker has all of them), once its engine runs."""
+    engine = app.engine
+    return engine.cancellations.table if engine is not None else None
 
 
 def _refuse(view: View, problem: _Problem) -> Response:
@@ -144,13 +154,30 @@ class Stats(View):
 
 @app.page("/delay/records/{record_id}")
 class Record(View):
-    """Where a logical record is, its retries and status (any worker answers: each reads the
-    whole record-states topic; 503 until it has read what was there when it started)."""
+    """Where a logical record is, its retries and status. Any worker answers: the owner of the
+    id's record-states partition from its store, any other by asking the owner (503 while no
+    worker owns it, or the owner has not caught up on it yet)."""
 
     async def get(self, request: Request, record_id: str) -> Response:
         states = app.record_states
-        if states is None or not states.caught_up.is_set():
-            return self.json({"error": "the record-states view is still reading its topic"}, status=503)
+        where = states.locate(record_id) if states is not None else None
+        if states is None or where is None:
+            return self.json({"error": "the record-states view is starting"}, status=503)
+        if not where.local:
+            if where.url is None or request.headers.get(ROUTED_HEADER):
+                return self.json(
+                    {"error": f"no worker owns record-states partition {where.partition} yet (rebalancing)"},
+                    status=503,
+                )
+            try:
+                answer = await app.states_router.get(where.url, f"/delay/records/{quote(record_id, safe='')}")
+            except OwnerUnreachable as exc:
+                return self.json({"error": str(exc)}, status=503)
+            return self.bytes(answer.body, content_type=answer.content_type, status=answer.status)
+        if not where.ready:
+            return self.json(
+                {"error": f"the record-states view is still reading partition {where.partition}"}, status=503
+            )
         engine = app.engine
         cancel = engine.cancellations.get(record_id) if engine else None
         state = states.get(record_id)
@@ -162,6 +189,24 @@ class Record(View):
                 {"error": f"no record {record_id!r} known (not yet routed, or never scheduled)"}, status=404
             )
         return self.json(body)
+
+
+@app.page("/delay/states/due")
+class DueCounts(View):
+    """This worker's share of the waiting records by due time (the console sums every worker's)."""
+
+    async def get(self, request: Request) -> Response:
+        states = app.record_states
+        if states is None:
+            return self.json({"error": "the record-states view is starting"}, status=503)
+        return self.json(
+            {
+                "worker": states.advertised_url,
+                "owned": sorted(states.owned),
+                "ready": sorted(states.ready),
+                "due": {str(bucket): count for bucket, count in states.due_counts(_cancels()).items()},
+            }
+        )
 
 
 @app.page("/delay/records/{record_id}/cancel")
@@ -300,7 +345,7 @@ class ConsoleData(View):
 
     async def get(self, request: Request) -> Response:
         try:
-            body = _console.body(_engine(), app.record_states, app.dead_letters)
+            body = await _console.body(_engine(), app.record_states, app.dead_letters, app.states_router)
             return self.json({**body, "read_protected": read_guard.enabled})
         except _Problem as problem:
             return _refuse(self, problem)

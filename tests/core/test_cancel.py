@@ -8,8 +8,20 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from delayapp.core import headers as h
-from delayapp.core.cancel import CancelRequest, applies_to, cancel_time, decode_cancel, encode_cancel
+from delayapp.core.cancel import (
+    NOTE_SLOTS,
+    CancelRequest,
+    CancelTable,
+    applies_to,
+    cancel_time,
+    decode_cancel,
+    encode_cancel,
+)
 from delayapp.core.ladder import Ladder
 from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
@@ -56,7 +68,7 @@ def outcome(cancels: dict, record: SimpleNamespace, now: int) -> str:
 
 def registry_with(*records, keep_ms: int = 86_400_000) -> CancelRegistry:
     registry = CancelRegistry.__new__(CancelRegistry)  # no Kafka: only the record-applying logic
-    registry._cancels, registry._keep_ms, registry.skipped_old = {}, keep_ms, 0
+    registry._cancels, registry._keep_ms, registry.skipped_old = CancelTable(), keep_ms, 0
     registry._apply({"tp": list(records)})
     return registry
 
@@ -155,3 +167,45 @@ def test_a_cancel_applies_to_copies_scheduled_before_it_only() -> None:
     request = CancelRequest("r", NOW)
     assert applies_to(request, NOW - 1) and applies_to(request, NOW) and applies_to(request, None)
     assert not applies_to(request, NOW + 1) and not applies_to(None, NOW)
+
+
+def test_the_cancel_table_gives_back_what_was_put_and_forgets_the_old_ones_first() -> None:
+    table = CancelTable()
+    table.put(CancelRequest("a", NOW, "replaced", "http"))
+    table.put(CancelRequest("b", NOW + 10))
+    table.put(CancelRequest("a", NOW + 20, "changed mind", "me"))  # a later cancel of a: now the youngest
+    assert table.get("a") == CancelRequest("a", NOW + 20, "changed mind", "me")
+    assert table.get("b") == CancelRequest("b", NOW + 10) and table.get(None) is None and table.get("c") is None
+    assert table.forget_older(NOW + 15) == 1 and table.get("b") is None and len(table) == 1
+    table.discard("a")
+    assert len(table) == 0
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 3), st.integers(0, 2**41)), max_size=40))
+def test_the_cancel_table_holds_what_a_dict_of_requests_holds(puts: list) -> None:
+    table, reference = CancelTable(), {}
+    for rid, note, at in puts:
+        request = CancelRequest(rid, at, f"reason {note}", "by")
+        table.put(request)
+        reference[rid] = request
+    assert {rid: table.get(rid) for rid in "abcd"} == {rid: reference.get(rid) for rid in "abcd"}
+
+
+def test_reasons_beyond_the_packed_slots_are_kept_beside_their_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    import delayapp.core.cancel as cancel_module
+
+    monkeypatch.setattr(cancel_module, "NOTE_SLOTS", 4)
+    table = CancelTable()
+    for n in range(6):
+        table.put(CancelRequest(f"r{n}", NOW + n, f"reason {n}", "me"))
+    assert [table.get(f"r{n}").reason for n in range(6)] == [f"reason {n}" for n in range(6)]
+    table.discard("r5")
+    assert table.get("r5") is None and NOTE_SLOTS == 1 << 16
+
+
+def test_the_latest_cancels_come_newest_first() -> None:
+    table = CancelTable()
+    for n in range(5):
+        table.put(CancelRequest(f"r{n}", NOW + n))
+    table.put(CancelRequest("r1", NOW + 9))
+    assert [c.record_id for c in table.latest(3)] == ["r1", "r4", "r3"] and table.latest(0) == []

@@ -178,7 +178,7 @@ def test_console_body_matches_the_stats_it_was_given() -> None:
         stats=stats,
         heads=[],
         limits={},
-        waiting_due=[NOW + 5_000, NOW + c.HOUR],
+        waiting_due={NOW + 5_000: 1, NOW + c.HOUR: 1},
         waiting_truncated=False,
         finals=[{"status": "delivered", "at": NOW, "target": "a", "lateness_ms": 4}],
         recent_events=[],
@@ -199,6 +199,14 @@ def test_console_body_matches_the_stats_it_was_given() -> None:
     assert body["delivery"]["by_loop"]["router"]["p99"] == 9 and body["delivery"]["by_target"]["a"]["count"] == 1
 
 
+@given(st.lists(st.one_of(st.none(), st.integers(NOW - c.DAY, NOW + 30 * c.DAY)), max_size=50))
+def test_due_histogram_of_counts_is_the_histogram_of_the_records(dues: list) -> None:
+    counts: dict = {}
+    for due in dues:
+        counts[due] = counts.get(due, 0) + 1
+    assert c.due_histogram_counts(counts, now_ms=NOW) == c.due_histogram(dues, now_ms=NOW)
+
+
 def test_store_lists_waiting_states_and_recent_finals() -> None:
     store = RecordStateStore(ttl_ms=c.DAY)
     store.apply(b"a", b'{"record_id":"a","status":"waiting","seq":1,"reactivate_at":5}')
@@ -215,3 +223,40 @@ def test_replay_request_is_checked() -> None:
     for bad in ({}, {"keys": []}, {"keys": ["nope"]}, {"keys": [1]}, {"keys": ["p/0/1"], "delay": "soon"}, []):
         with pytest.raises(_Problem):
             replay_request(bad)
+
+
+async def test_the_console_sums_every_workers_due_counts_and_says_when_a_share_is_missing() -> None:
+    """This worker's counts plus each peer's ``/delay/states/due``; a peer that does not answer
+    leaves its partitions out, and the body says the histogram is partial."""
+    from types import SimpleNamespace
+
+    import orjson
+
+    from delayapp.faustapp.console_feed import ConsoleFeed
+    from delayapp.settings import load_settings
+    from delayapp.statestore.disk import NO_DUE
+    from delayapp.statestore.errors import OwnerUnreachable
+    from delayapp.statestore.remote import Answer
+
+    states = SimpleNamespace(
+        partitions=4,
+        ready={0, 1},
+        due_counts=lambda cancels=None: {NOW: 2, NO_DUE: 1},
+        peers=lambda: {"http://b", "http://c"},
+    )
+
+    class Peers:
+        def __init__(self, reachable: set[str]) -> None:
+            self.reachable = reachable
+
+        async def get(self, url: str, path: str) -> Answer:
+            assert path == "/delay/states/due"
+            if url not in self.reachable:
+                raise OwnerUnreachable(url)
+            part = 2 if url == "http://b" else 3
+            return Answer(200, orjson.dumps({"ready": [part], "due": {str(NOW): 5}}), "application/json")
+
+    settings = load_settings()
+    feed = ConsoleFeed(settings=settings, layout=settings.topic_layout())
+    assert await feed._due_counts(states, Peers({"http://b", "http://c"})) == ({NOW: 12, None: 1}, True)
+    assert await feed._due_counts(states, Peers({"http://b"})) == ({NOW: 7, None: 1}, False)

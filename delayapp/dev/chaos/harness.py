@@ -19,6 +19,7 @@ import random
 import signal
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -357,14 +358,17 @@ class ChaosRun:
             for worker in [w for w in self.workers if w.alive]:
                 base = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}/delay/records/"
 
-                async def answers(base: str = base) -> bool:
-                    async with session.get(base + ids[0]) as response:
-                        return response.status != 503
-
-                await wait_for(answers, 60, f"{worker.name}'s record-states view")
-                for rid in ids:
+                async def answer(rid: str, base: str = base) -> tuple[dict | None] | None:
+                    # 503: the id's partition has no owner yet, or its owner is catching up (ask again)
                     async with session.get(base + rid) as response:
-                        state = await response.json() if response.status == 200 else None
+                        if response.status == 503:
+                            return None
+                        return (await response.json() if response.status == 200 else None,)
+
+                for rid in ids:
+                    (state,) = await wait_for(
+                        partial(answer, rid), 60, f"{worker.name}'s record-states view to answer for {rid}"
+                    )
                     if not _agrees(state, expected[rid]):
                         log.error("%s serves %s for %s", worker.name, state, rid)
                         found.append((rid, expected[rid], state))

@@ -148,7 +148,13 @@ class WorkerProcess:
     def __init__(self, env: dict[str, str], app: str = "delayapp", name: str | None = None) -> None:
         self.name = name or unique("worker-")
         self.app = app
-        self.env = {**os.environ, "DELAYAPP_WEB_PORT": str(free_port()), **env}
+        self.env = {
+            **os.environ,
+            "DELAYAPP_WEB_PORT": str(free_port()),
+            # each worker its own on-disk read model (a subdirectory per app id and port), off the checkout
+            "DELAYAPP_STATE_DIR": os.path.join(tempfile.gettempdir(), "delayapp-state"),
+            **env,
+        }
         self.log_path = os.path.join(tempfile.gettempdir(), f"delayapp-{self.name}-{uuid.uuid4().hex[:6]}.log")
         self.process: subprocess.Popen[bytes] | None = None
 

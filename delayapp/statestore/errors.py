@@ -1,0 +1,22 @@
+"""The state store's errors."""
+
+from __future__ import annotations
+
+from delayapp.errors import ConfigError, DelayAppError
+
+
+class StateStoreError(DelayAppError):
+    """The on-disk read model cannot answer (base of this family)."""
+
+
+class StoreUnavailable(StateStoreError, ConfigError):
+    """The store's directory cannot be opened (another worker holds it, or it is not writable):
+    a configuration to fix (``DELAYAPP_STATE_DIR``), never retriable."""
+
+    retriable = False
+
+
+class OwnerUnreachable(StateStoreError):
+    """The worker owning the record's partition did not answer; retry shortly."""
+
+    retriable = True

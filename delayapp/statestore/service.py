@@ -1,0 +1,266 @@
+"""The reader that keeps this worker's :class:`~delayapp.statestore.disk.DiskStateStore` in step
+with the ``record-states`` partitions it owns.
+
+It joins the readers' consumer group (:mod:`delayapp.statestore.routing`), reads its
+partitions read_committed (an aborted step must never be folded: :mod:`delayapp.core.readmodel`)
+from the offset its store holds for each, or from the start where it holds none, and writes
+each fetched batch with its next offset in one write batch. It commits nothing to Kafka: the
+offsets that count are the store's, written atomically with the states they cover, so a worker
+killed at any point resumes exactly (it folds a few records again, which changes nothing).
+
+A partition answers once its reader has reached the end offset it had when it was assigned (or
+nothing arrived for :data:`QUIET_S`: a broker may report a wrong end offset); until then its
+lookups answer "not ready" (503), as a whole worker did while it read the whole topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from mode import Service
+
+from delayapp.core.audit import RecordStatus
+from delayapp.core.cancel import CancelTable, applies_to
+from delayapp.core.clock import now_ms
+from delayapp.engine.metadata import topic_partitions
+from delayapp.statestore.disk import DiskStateStore, due_bucket
+from delayapp.statestore.routing import OwnerAssignor, Owners, partition_of
+
+log = logging.getLogger(__name__)
+
+EXPIRE_BATCH = 10_000  # expiry index entries looked at per tick at most
+QUIET_S = 3.0  # a partition counts as caught up once nothing arrived for this long
+CANCELS_LOOKED_AT = 10_000  # latest cancellations left out of the waiting counts at most
+FETCH_RECORDS = 2_000  # records folded per fetch at most (one write batch per partition; ~40 ms of the event loop)
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a record id's state is answered: here (``url`` None), at ``url``, or nowhere yet."""
+
+    partition: int
+    local: bool
+    url: str | None
+    ready: bool  # local only: this worker has caught up on the partition
+
+
+class PartitionedStates(Service):
+    """Folds the ``record-states`` partitions this worker owns into ``store`` and knows who owns the rest.
+
+    ``advertised_url`` is where other workers reach this one's web views; ``group_id`` the
+    readers' consumer group (one per delayapp deployment)."""
+
+    def __init__(
+        self,
+        *,
+        topic: str,
+        kafka_client_kwargs: dict[str, Any],
+        group_id: str,
+        advertised_url: str,
+        store: DiskStateStore,
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int = 3_000,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.topic = topic
+        self.kafka_client_kwargs = kafka_client_kwargs
+        self.group_id = group_id
+        self.advertised_url = advertised_url
+        self.store = store
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.owners: Owners = {}  # partition → owner's address (the latest assignment's table)
+        self.partitions = 0  # the topic's partition count, once known
+        self.owned: set[int] = set()
+        self.ready: set[int] = set()  # owned and caught up
+        self._targets: dict[int, int] = {}  # owned partition not yet ready → the end offset to reach
+        self._quiet_since = time.monotonic()
+        self.caught_up = asyncio.Event()  # every owned partition is ready (after the latest assignment)
+        self._consumer: AIOKafkaConsumer | None = None
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def locate(self, record_id: str) -> Location | None:
+        """Where ``record_id`` is answered; None until the topic's partitions are known."""
+        if not self.partitions:
+            return None
+        partition = partition_of(record_id, self.partitions)
+        if partition in self.owned:
+            return Location(partition, True, None, partition in self.ready)
+        url = self.owners.get(partition)
+        if url == self.advertised_url:  # owned by this worker by the table, not assigned yet
+            url = None
+        return Location(partition, False, url, False)
+
+    def get(self, record_id: str) -> dict[str, Any] | None:
+        """The state this worker's store holds for ``record_id`` (meaningful where :meth:`locate` says local)."""
+        return self.store.get(record_id.encode())
+
+    def due_counts(self, cancels: CancelTable | None = None) -> dict[int, int]:
+        """Waiting records of the partitions this worker owns and has caught up on, per due bucket;
+        less those a cancellation in ``cancels`` applies to that no loop has met yet (of the
+        :data:`CANCELS_LOOKED_AT` latest cancellations: a loop meets the others within a hop)."""
+        counts = self.store.due_counts(self.ready)
+        if cancels is None or not len(cancels) or not self.partitions:
+            return counts
+        mine = [
+            c for c in cancels.latest(CANCELS_LOOKED_AT) if partition_of(c.record_id, self.partitions) in self.ready
+        ]
+        states = self.store.get_many([c.record_id.encode() for c in mine])
+        for cancel, state in zip(mine, states):
+            if state is None or state.get("status") != RecordStatus.WAITING:
+                continue
+            if applies_to(cancel, state.get("delayed_at")):
+                bucket = due_bucket(state.get("reactivate_at"))
+                if counts.get(bucket, 0) > 1:
+                    counts[bucket] -= 1
+                else:
+                    counts.pop(bucket, None)
+        return counts
+
+    def peers(self) -> set[str]:
+        """The other workers' addresses in the latest assignment."""
+        return {url for url in self.owners.values() if url != self.advertised_url}
+
+    # -- the reader ----------------------------------------------------------------------------
+
+    def _on_owners(self, owners: Owners) -> None:
+        self.owners = owners
+        log.info(
+            "record-states: owners %s",
+            {url: sorted(p for p, u in owners.items() if u == url) for url in set(owners.values())},
+        )
+
+    async def on_start(self) -> None:
+        self._consumer = AIOKafkaConsumer(
+            **self.kafka_client_kwargs,
+            group_id=self.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            fetch_max_wait_ms=200,
+            max_partition_fetch_bytes=1024 * 1024,
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            partition_assignment_strategy=(OwnerAssignor(self.advertised_url, self._on_owners),),
+        )
+        await self._consumer.start()
+
+    async def on_stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def on_shutdown(self) -> None:
+        # after the reader's task is gone: a write batch never meets a closed store
+        self.store.close()
+
+    @Service.task
+    async def _read(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        await self._wait_for_topic(consumer)
+        consumer.subscribe([self.topic], listener=_Listener(self))
+        while not self.should_stop:
+            fetched = await consumer.getmany(timeout_ms=500, max_records=FETCH_RECORDS)
+            for tp, records in fetched.items():
+                if records and tp.partition in self.owned:
+                    self.store.apply(tp.partition, ((r.key, r.value) for r in records), records[-1].offset + 1)
+            if fetched:
+                self._quiet_since = time.monotonic()
+            if self._targets:
+                await self._check_ready(consumer)
+        self._warn_malformed()
+
+    async def _wait_for_topic(self, consumer: AIOKafkaConsumer) -> None:
+        """Until the topic exists (a worker creates it at start); then its partition count is known."""
+        waited = 0
+        while not self.should_stop:
+            partitions = (await topic_partitions(consumer, [self.topic])).get(self.topic, set())
+            if partitions:
+                self.partitions = len(partitions)
+                return
+            if waited == 30:
+                log.warning("record-states: topic %s does not exist yet; lookups answer 503 until it does", self.topic)
+            waited += 1
+            await self.sleep(1.0)
+
+    async def _check_ready(self, consumer: AIOKafkaConsumer) -> None:
+        quiet = time.monotonic() - self._quiet_since > QUIET_S
+        for partition, end in list(self._targets.items()):
+            tp = TopicPartition(self.topic, partition)
+            if quiet or await consumer.position(tp) >= end:
+                del self._targets[partition]
+                if partition in self.owned:
+                    self.ready.add(partition)
+        if not self._targets and self.owned <= self.ready:
+            self.caught_up.set()
+            log.info(
+                "record-states: caught up on partitions %s (%d waiting)",
+                sorted(self.ready),
+                self.store.waiting_count(self.ready),
+            )
+
+    async def assigned(self, consumer: AIOKafkaConsumer, tps: Iterable[TopicPartition]) -> None:
+        """Resume each newly owned partition from the offset its store holds (the start if none)."""
+        tps = [tp for tp in tps if tp.topic == self.topic]
+        if not tps:
+            self.caught_up.set()  # nothing owned: every lookup is routed
+            return
+        self.caught_up.clear()
+        ends = await consumer.end_offsets(tps)  # read_committed: the last stable offsets
+        for tp in tps:
+            self.store.load(tp.partition)
+            offset = self.store.offset(tp.partition)
+            if offset is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, offset)
+            log.info(
+                "record-states: partition %d from %s (end %d)",
+                tp.partition,
+                "the start (nothing in this worker's store)" if offset is None else f"offset {offset} (its store)",
+                ends[tp],
+            )
+            self.owned.add(tp.partition)
+            self._targets[tp.partition] = ends[tp]
+        self._quiet_since = time.monotonic()
+        await self._check_ready(consumer)
+
+    def revoked(self, tps: Iterable[TopicPartition]) -> None:
+        """Stop answering for partitions another worker owns now (their states stay on disk)."""
+        for tp in tps:
+            if tp.topic != self.topic:
+                continue
+            self.owned.discard(tp.partition)
+            self.ready.discard(tp.partition)
+            self._targets.pop(tp.partition, None)
+            self.store.unload(tp.partition)
+
+    def _warn_malformed(self) -> None:
+        if self.store.malformed:
+            log.warning(
+                "record-states: %d records on %s were not a record state (ignored)", self.store.malformed, self.topic
+            )
+
+    @Service.timer(10.0)
+    async def _expire(self) -> None:
+        self.store.expire(now_ms=now_ms(), limit=EXPIRE_BATCH)
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, states: PartitionedStates) -> None:
+        self.states = states
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        self.states.revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        assert self.states._consumer is not None
+        await self.states.assigned(self.states._consumer, assigned)
