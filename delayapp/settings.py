@@ -29,6 +29,7 @@ DURATION_FIELDS = (
     "max_delay",
     "max_overdue",
     "liveness_threshold",
+    "read_ahead",
     "stats_window",
     "record_state_ttl",
     "emit_timeout",
@@ -156,6 +157,12 @@ class Settings(BaseSettings):
     liveness_threshold: int = Field(
         30_000,
         description="a partition holding due records without progress this long is reported and recovered (duration)",
+    )
+    read_ahead: int = Field(
+        2_000,
+        ge=0,
+        description="how long before they wake a delay topic's records are fetched, beyond the smallest "
+        "denomination: a loop holds what falls due soon, not the backlog (duration)",
     )
     max_queued_bytes: int = Field(
         64 * 1_048_576,

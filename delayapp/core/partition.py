@@ -110,15 +110,28 @@ class PartitionState:
         """True while the partition waits for a head that is not due."""
         return self.wait_until is not None and self.wait_until > now
 
-    def should_pause(self, now: int, *, release_ahead: bool, max_records: int, max_bytes: int) -> bool:
+    def should_pause(
+        self, now: int, *, release_ahead: bool, max_records: int, max_bytes: int, horizon_ms: int | None = None
+    ) -> bool:
         """True when fetching more for this partition must stop for now: it waits and nothing
         behind its head may go ahead, or it holds ``max_records`` records or ``max_bytes`` bytes
-        already (records of up to 1 MB each would otherwise fill memory)."""
-        return (
-            (self.waiting(now) and not release_ahead)
-            or len(self.queue) >= max_records
-            or self.queued_bytes >= max_bytes
-        )
+        already (records of up to 1 MB each would otherwise fill memory), or, with
+        ``horizon_ms``, its last fetched record wakes later than that from now.
+
+        The horizon bounds read-ahead by time: in a delay topic a record wakes its topic's
+        denomination after it was written, except a last partial hop, shorter than the smallest
+        denomination; so a record written after the last one fetched wakes at most the smallest
+        denomination before it. With a horizon beyond the smallest denomination, what the
+        partition has not fetched yet is fetched before it falls due, and a loop holds what falls
+        due soon, not the backlog (a record waiting 30 min costs no memory)."""
+        if (self.waiting(now) and not release_ahead) or len(self.queue) >= max_records:
+            return True
+        if self.queued_bytes >= max_bytes:
+            return True
+        if horizon_ms is not None and self.queue:
+            last = self.queue[-1].awake_at
+            return last is not None and last > now + horizon_ms
+        return False
 
     # -- deciding --------------------------------------------------------------------------------
 
@@ -330,14 +343,22 @@ class AssignedPartitions:
 
     # -- fetching --------------------------------------------------------------------------------
 
-    def wanted_pauses(self, now: int, *, max_records: int, max_bytes: int) -> set[PartitionKey]:
+    def wanted_pauses(
+        self, now: int, *, max_records: int, max_bytes: int, horizon_ms: int | None = None
+    ) -> set[PartitionKey]:
         """The partitions whose fetching must stop for now (see :meth:`PartitionState.should_pause`);
         ``max_bytes`` is the loop's budget, shared equally among its partitions."""
         byte_budget = max_bytes // max(1, len(self.parts))
         return {
             key
             for key, part in self.parts.items()
-            if part.should_pause(now, release_ahead=self.release_ahead, max_records=max_records, max_bytes=byte_budget)
+            if part.should_pause(
+                now,
+                release_ahead=self.release_ahead,
+                max_records=max_records,
+                max_bytes=byte_budget,
+                horizon_ms=horizon_ms,
+            )
         }
 
     def poll_timeout_ms(self, now: int, idle_ms: int) -> int:

@@ -134,6 +134,9 @@ class HopLoop(Service):
         self._writer: Writer | None = None
         self._committer: Committer | None = None
         self._state_lock = threading.Lock()  # the loop's partitions, against readers on the event loop
+        # a delay topic's records are fetched from read_ahead (beyond the smallest denomination)
+        # before they wake, not as far as the read-ahead's bytes allow (PartitionState.should_pause)
+        self._horizon_ms = None if ingress else settings.read_ahead + settings.ladder.smallest
         self._liveness = LivenessCheck(
             label=name,
             parts=self.parts,
@@ -575,7 +578,10 @@ class HopLoop(Service):
         assert consumer is not None
         with self._state_lock:
             want = self.parts.wanted_pauses(
-                self.clock(), max_records=2 * self.settings.max_batch, max_bytes=self.settings.max_queued_bytes
+                self.clock(),
+                max_records=2 * self.settings.max_batch,
+                max_bytes=self.settings.max_queued_bytes,
+                horizon_ms=self._horizon_ms,
             )
             pause, resume = want - self.parts.paused, self.parts.paused - want
             self.parts.paused = want

@@ -167,3 +167,19 @@ def test_a_partition_pauses_on_records_or_bytes_held_and_on_a_wait_nothing_may_p
     handled_offsets(waiting)
     assert waiting.should_pause(NOW, release_ahead=False, max_records=1_000, max_bytes=4_000_000)
     assert not waiting.should_pause(NOW, release_ahead=True, max_records=1_000, max_bytes=4_000_000)
+
+
+def test_a_partition_pauses_once_its_last_fetched_record_wakes_beyond_the_horizon() -> None:
+    """Read-ahead bounded by time: a delay topic's partition holds what falls due soon, not the
+    backlog; records behind the last one fetched wake later (or within the smallest denomination)."""
+    part = PartitionState(0)
+    part.add(fetched(0, 1, awake={0: NOW + 500, 1: NOW + 1_900}))
+    limits = {"release_ahead": True, "max_records": 1_000, "max_bytes": 4_000_000}
+    assert not part.should_pause(NOW, horizon_ms=2_000, **limits)  # the last wakes within it: fetch on
+    part.add(fetched(2, awake={2: NOW + 30 * 60_000}))  # a record waiting 30 min
+    assert part.should_pause(NOW, horizon_ms=2_000, **limits)
+    assert not part.should_pause(NOW, **limits)  # no horizon: only records and bytes bound it
+    assert not part.should_pause(NOW + 30 * 60_000 - 2_000, horizon_ms=2_000, **limits)  # its turn comes
+    due = PartitionState(0)
+    due.add(fetched(0))  # due now (no awakeAt): never a reason to stop fetching
+    assert not due.should_pause(NOW, horizon_ms=0, **limits)

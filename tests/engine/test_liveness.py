@@ -168,3 +168,63 @@ async def test_partitions_waiting_their_turn_behind_a_backlog_are_busy_not_stall
         assert len(delivered) == count == len({m.key() for m in delivered}), "each record delivered once"
     finally:
         await hop_loop.stop()
+
+
+async def test_a_loop_holds_what_falls_due_soon_not_the_backlog(bootstrap: str) -> None:
+    """Read-ahead bounded by time: records waking in 50 s are not held by the loop (one fetch
+    at most, then its partition is paused until their turn), where it used to fetch as many as
+    its read-ahead's records and bytes allowed, whatever their wake-up times."""
+    count = 2_000
+    prefix, target = unique("ahead"), unique("ahead-target-")
+    s = load_settings(
+        broker=bootstrap,
+        topic_prefix=prefix,
+        app_id=prefix,
+        denominations="1s,1m",
+        partitions=1,
+        allowed_targets="ahead-target-*",
+        session_timeout_ms=SESSION_MS,
+        heartbeat_interval_ms=1500,
+        max_batch=100,
+        read_ahead="1s",
+    )
+    layout = s.topic_layout()
+    await bootstrap_topics(s, layout)
+    await create_topics(bootstrap, target, partitions=1)
+    topic = layout.delay_topic(60_000)
+    wake = str(time.time_ns() // 1_000_000 + 50_000).encode()
+    produce(
+        bootstrap,
+        topic,
+        (
+            {
+                "value": b"v" * 1_000,
+                "key": str(i).encode(),
+                "headers": [
+                    (h.RECORD_ID, f"r{i}".encode()),
+                    (h.REACTIVATE_TO_TOPIC, target.encode()),
+                    (h.REACTIVATE_AT, wake),
+                    (h.AWAKE_AT, wake),
+                ],
+            }
+            for i in range(count)
+        ),
+    )
+    handler = RecordHandler(layout=layout, planner=Planner(s.ladder), policy=build_policy(s, layout))
+    hop_loop = HopLoop(
+        name="delay-1m",
+        topic=topic,
+        group_id=f"{prefix}.delay.1m",
+        handler=handler,
+        settings=s,
+        audit_topic=None,
+        max_wait_ms=60_000,
+    )
+    await hop_loop.start()
+    try:
+        await wait_for(lambda: hop_loop.parts.paused, 30, "the partition paused behind its waiting records")
+        held = sum(len(part.queue) for part in hop_loop.parts.parts.values())
+        assert 0 < held <= s.max_batch, f"{held} records held, waking in 50 s"
+        assert hop_loop.stats.hops == hop_loop.stats.delivered == 0
+    finally:
+        await hop_loop.stop()
