@@ -110,9 +110,9 @@ class Committer:
         while writes await their acknowledgements, which are served between fetches."""
         return ACK_POLL_MS if self.in_flight else idle_ms
 
-    @property
-    def full(self) -> bool:
-        """True when the loop must settle what is in flight before fetching more."""
+    def make_room(self) -> bool:
+        """Before a fetch: True when too much was in flight and the loop served acknowledgements
+        instead (it fetches on its next pass); False to fetch now."""
         return False
 
     def begin(self, offsets: Offsets, partitions: set[PartitionKey]) -> None:
@@ -121,10 +121,6 @@ class Committer:
 
     def after_pass(self, *, idle: bool) -> None:
         """After each pass of the loop (``idle``: it decided nothing): acknowledge and commit what may be."""
-        raise NotImplementedError
-
-    def settle(self, *, wait_s: float) -> None:
-        """Serve acknowledgements for up to ``wait_s`` and commit what may be."""
         raise NotImplementedError
 
     def finish(self) -> None:
@@ -174,9 +170,11 @@ class AtLeastOnceCommitter(Committer):
     def poll_limit_ms(self, idle_ms: int) -> int:
         return ACK_POLL_MS if self.in_flight or self.audited else idle_ms
 
-    @property
-    def full(self) -> bool:
-        return len(self.in_flight) >= MAX_IN_FLIGHT_BATCHES
+    def make_room(self) -> bool:
+        if len(self.in_flight) < MAX_IN_FLIGHT_BATCHES:
+            return False
+        self.settle(wait_s=ACK_POLL_MS / 1000)
+        return True
 
     def after_pass(self, *, idle: bool) -> None:
         self.settle(wait_s=0)
@@ -310,10 +308,6 @@ class ExactlyOnceCommitter(Committer):
             or len(self.in_flight) >= MAX_IN_FLIGHT_BATCHES
         ):
             self._commit_transaction()
-
-    def settle(self, *, wait_s: float) -> None:
-        self.producer.poll(wait_s)
-        self.after_pass(idle=False)
 
     def finish(self) -> None:
         if self.txn_open_since is not None:

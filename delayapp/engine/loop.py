@@ -57,7 +57,6 @@ from delayapp.core.clock import GuardedClock
 from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending
 from delayapp.core.policies import Wait
 from delayapp.engine.committer import (
-    ACK_POLL_MS,
     AtLeastOnceCommitter,
     Committer,
     EmitTimeout,
@@ -461,8 +460,7 @@ class HopLoop(Service):
                 raise broken
             self._liveness.check(consumer)
             self._apply_pauses()
-            if committer.full:
-                committer.settle(wait_s=ACK_POLL_MS / 1000)
+            if committer.make_room():
                 continue
             messages = consumer.consume(self.settings.max_batch, self._poll_timeout_ms() / 1000)
             if messages:
