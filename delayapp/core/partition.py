@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
+from heapq import heapify, heappop, heappush
 from typing import Any, Protocol
 
 from delayapp.core.released import decode_released, encode_released
@@ -68,6 +69,13 @@ class PartitionState:
     ``committed`` is the last committed position (None: the group never committed here) and
     ``committed_metadata`` its metadata; the records released ahead that it names are
     ``carried`` until the position passes them.
+
+    A pass costs what it releases, not what the partition holds: the records not released yet
+    are also kept in a heap by ``awakeAt`` (stale items are skipped when they surface), released
+    records leave the front of the queue as soon as they reach it, and the commit point is
+    remembered until something moves it. (A pass that walked the whole queue made a loop holding
+    a second of records at a few thousand records/s spend most of its time walking it, once per
+    distinct due time.)
     """
 
     def __init__(
@@ -81,17 +89,26 @@ class PartitionState:
         self.queued_bytes = 0
         self.progress_s = now_s  # monotonic time of the assignment or the last record handled
         self.next_offset: int | None = committed  # the position after the last record taken off the queue
+        self._ahead: set[int] = set()  # offsets of released records still in the queue (behind its head)
+        self._wakes: list[tuple[int, int, Pending]] = []  # (awakeAt or NO_WAIT, offset, record) not released
+        self._point: tuple[int, str] | None = None  # the commit point, until something moves it
 
     # -- fetching --------------------------------------------------------------------------------
 
     def add(self, entries: Iterable[Pending]) -> None:
         """Queue fetched records; those a predecessor released ahead are marked released."""
         added = list(entries)
+        carried, wakes = self.carried, self._wakes
         for entry in added:
-            if entry.offset in self.carried:
-                entry.released = True
             self.queue.append(entry)
             self.queued_bytes += entry.size
+            if entry.offset in carried:
+                entry.released = True
+                self._ahead.add(entry.offset)
+                self._point = None
+            else:
+                heappush(wakes, (_wake_key(entry.awake_at), entry.offset, entry))
+        self._pop_released()
         if self.wait_until is not None:  # a newcomer may be due before the record it queues behind
             pending = [e.awake_at or 0 for e in added if not e.released]
             if pending:
@@ -100,7 +117,7 @@ class PartitionState:
     @property
     def has_pending(self) -> bool:
         """True when a fetched record is neither released nor committed."""
-        return any(not e.released for e in self.queue)
+        return len(self.queue) > len(self._ahead)
 
     def ready(self, now: int) -> bool:
         """True when the partition holds records and is not waiting (a release pass would act)."""
@@ -154,44 +171,105 @@ class PartitionState:
         if self.waiting(now):
             return []
         self.wait_until = None
+        if release_ahead:
+            return self._release_ahead(now, handle, clock, now_s)
         done: list[tuple[Pending, Any]] = []
-        next_wait: int | None = None
-        blocked = False  # an earlier record of this partition is still pending
-        ahead = sum(entry.released for entry in self.queue)
-        for entry in self.queue:
-            if entry.released:
-                continue
-            if blocked and (not release_ahead or ahead >= MAX_RELEASED_AHEAD):
-                break
-            until: int | None
+        queue = self.queue
+        while queue:  # strictly in offset order: the head (never a released record) or nothing
+            entry = queue[0]
             if entry.awake_at is not None and entry.awake_at > now:
-                until = entry.awake_at
-            else:
-                step = handle(entry, now)
-                self.progress_s = now_s
-                until = getattr(step, "until_ms", None)
-                if until is None:
-                    done.append((entry, step))
-                    entry.released = True
-                    ahead += blocked
-                    if clock is not None and not len(done) % CLOCK_EVERY:
-                        now = clock()
-                    continue
-            entry.awake_at = until
-            next_wait = until if next_wait is None else min(next_wait, until)
-            blocked = True
-        self.wait_until = next_wait
+                self.wait_until = entry.awake_at
+                break
+            step = handle(entry, now)
+            self.progress_s = now_s
+            until = getattr(step, "until_ms", None)
+            if until is not None:
+                self._wait(entry, until)
+                self.wait_until = until
+                break
+            self._released(entry)
+            done.append((entry, step))
+            if clock is not None and not len(done) % CLOCK_EVERY:
+                now = clock()
+        self._trim_wakes()
         return done
 
-    def pop_released(self) -> bool:
-        """Drop released records from the front of the queue; True if any were dropped."""
+    def _release_ahead(
+        self, now: int, handle: Callable[[Pending, int], Any], clock: Callable[[], int] | None, now_s: float
+    ) -> list[tuple[Pending, Any]]:
+        """:meth:`release_due` with release ahead: the due records come off the heap, and are
+        handled in offset order; a record behind a pending head is released ahead while the
+        commit metadata can name it."""
+        wakes = self._wakes
+        due: list[Pending] = []
+        while wakes and wakes[0][0] <= now:
+            key, _, entry = heappop(wakes)
+            if not entry.released and key == _wake_key(entry.awake_at):  # else a stale item
+                due.append(entry)
+        due.sort(key=_offset_of)
+        done: list[tuple[Pending, Any]] = []
+        capped = False
+        for index, entry in enumerate(due):
+            if self.queue[0] is not entry and len(self._ahead) >= MAX_RELEASED_AHEAD:
+                for rest in due[index:]:  # they stay due: handled once the head goes
+                    heappush(wakes, (_wake_key(rest.awake_at), rest.offset, rest))
+                capped = True
+                break
+            step = handle(entry, now)
+            self.progress_s = now_s
+            until = getattr(step, "until_ms", None)
+            if until is not None:
+                self._wait(entry, until)
+                continue
+            self._released(entry)
+            done.append((entry, step))
+            if clock is not None and not len(done) % CLOCK_EVERY:
+                now = clock()
+        if capped:  # nothing behind the head may go before it does
+            self.wait_until = self.queue[0].awake_at if self.queue else None
+        else:
+            self._trim_wakes()
+            self.wait_until = wakes[0][0] if wakes else None
+        return done
+
+    def _wait(self, entry: Pending, until: int) -> None:
+        """``entry`` is not due before ``until`` (the handler said so)."""
+        entry.awake_at = until
+        heappush(self._wakes, (until, entry.offset, entry))
+
+    def _released(self, entry: Pending) -> None:
+        entry.released = True
+        self._ahead.add(entry.offset)
+        self._point = None
+        if self.queue[0] is entry:
+            self._pop_released()
+
+    def _trim_wakes(self) -> None:
+        """Drop the heap's stale items at its top, and rebuild it when they are most of it."""
+        wakes = self._wakes
+        while wakes and (wakes[0][2].released or wakes[0][0] != _wake_key(wakes[0][2].awake_at)):
+            heappop(wakes)
+        if len(wakes) > 2 * (len(self.queue) - len(self._ahead)) + 64:
+            self._wakes = [(_wake_key(e.awake_at), e.offset, e) for e in self.queue if not e.released]
+            heapify(self._wakes)
+
+    def _pop_released(self) -> bool:
         popped = False
-        while self.queue and self.queue[0].released:
-            entry = self.queue.popleft()
+        queue = self.queue
+        while queue and queue[0].released:
+            entry = queue.popleft()
             self.queued_bytes -= entry.size
             self.next_offset = entry.offset + 1
+            self._ahead.discard(entry.offset)
             popped = True
+        if popped:
+            self._point = None
         return popped
+
+    def pop_released(self) -> bool:
+        """Drop released records from the front of the queue; True if any were dropped (a pass
+        already drops them as it releases them: this is for callers that mark records themselves)."""
+        return self._pop_released()
 
     def commit_point(self) -> tuple[int, str] | None:
         """The position and metadata to commit now, or None when nothing changed since the last commit.
@@ -200,12 +278,15 @@ class PartitionState:
         taken off the queue); the metadata names every offset released beyond it: those in
         the queue and those carried from a predecessor that were not fetched again yet.
         """
-        position = self.queue[0].offset if self.queue else self.next_offset
-        if position is None:
-            return None
-        self.carried = {o for o in self.carried if o >= position}
-        released = self.carried | {e.offset for e in self.queue if e.released}
-        point = (position, encode_released(position, released))
+        point = self._point
+        if point is None:
+            position = self.queue[0].offset if self.queue else self.next_offset
+            if position is None:
+                return None
+            if self.carried:
+                self.carried = {o for o in self.carried if o >= position}
+            released = self.carried | self._ahead if self.carried else self._ahead
+            point = self._point = (position, encode_released(position, released) if released else "")
         return None if point == (self.committed, self.committed_metadata) else point
 
     def committed_to(self, offset: int, metadata: str) -> None:
@@ -220,7 +301,21 @@ class PartitionState:
         self.wait_until = None
         self.next_offset = self.committed
         self.carried = decode_released(self.committed, self.committed_metadata) if self.committed is not None else set()
+        self._ahead.clear()
+        self._wakes.clear()
+        self._point = None
         return self.committed
+
+
+NO_WAIT = -(2**63)  # the heap key of a record due now (no awakeAt)
+
+
+def _wake_key(awake_at: int | None) -> int:
+    return NO_WAIT if awake_at is None else awake_at
+
+
+def _offset_of(entry: Pending) -> int:
+    return entry.offset
 
 
 PartitionKey = tuple[str, int]  # (topic, partition)

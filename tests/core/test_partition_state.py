@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from unittest import mock
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from delayapp.core.partition import MAX_RELEASED_AHEAD, PartitionState, Pending
 from delayapp.core.released import decode_released, encode_released
-from tests.support.partitions import NOW, fetched
+from tests.support.partitions import NOW, ScanningPartition, fetched
 
 
 @dataclass(frozen=True)
@@ -183,3 +184,49 @@ def test_a_partition_pauses_once_its_last_fetched_record_wakes_beyond_the_horizo
     due = PartitionState(0)
     due.add(fetched(0))  # due now (no awakeAt): never a reason to stop fetching
     assert not due.should_pause(NOW, horizon_ms=0, **limits)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.booleans()), min_size=1, max_size=60),  # (wait in 100 ms, handler waits once)
+    st.integers(1, 8),  # records fetched per batch
+    st.integers(2, 12),  # the release-ahead bound
+    st.booleans(),  # release ahead
+)
+def test_the_indexed_partition_releases_what_a_full_scan_releases(
+    records: list[tuple[int, bool]], per_fetch: int, cap: int, release_ahead: bool
+) -> None:
+    """A pass costs what it releases, not what the partition holds (a heap of wake times, the
+    released prefix dropped as it forms): against the reference model that walks the whole queue
+    every pass, the same records go in the same passes, in the same order, and the commit points
+    agree, whatever the waits, the handler's own waits and the bound on releasing ahead."""
+    awake = {o: NOW + w * 100 for o, (w, _) in enumerate(records)}
+    held_once = {o for o, (_, holds) in enumerate(records) if holds}
+
+    def handler(seen: set[int]):
+        def handle(entry: Pending, now: int) -> object:
+            if entry.offset in held_once and entry.offset not in seen:
+                seen.add(entry.offset)
+                return Until(now + 150)
+            return [entry.offset]
+
+        return handle
+
+    indexed, reference = PartitionState(0), ScanningPartition(0)
+    seen_indexed: set[int] = set()
+    seen_reference: set[int] = set()
+    offsets = list(awake)
+    with mock.patch("delayapp.core.partition.MAX_RELEASED_AHEAD", cap):
+        for tick, now in enumerate(range(NOW, NOW + 1_500, 50)):
+            batch = offsets[tick * per_fetch : (tick + 1) * per_fetch]
+            indexed.add(fetched(*batch, awake=awake))
+            reference.add(fetched(*batch, awake=awake))
+            indexed.wait_until = None  # a pass at every tick, as the reference makes
+            done = indexed.release_due(now, handler(seen_indexed), release_ahead=release_ahead)
+            indexed.pop_released()
+            expected = reference.release_due(now, handler(seen_reference), release_ahead=release_ahead, cap=cap)
+            assert [entry.offset for entry, _ in done] == expected
+            position, released = reference.commit_point()
+            point = indexed.commit_point() or (indexed.committed, indexed.committed_metadata)
+            assert point[0] == position and decode_released(position, point[1]) == released
+            if point != (indexed.committed, indexed.committed_metadata):
+                indexed.committed_to(*point)

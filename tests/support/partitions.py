@@ -11,3 +11,47 @@ def fetched(*offsets: int, awake: dict[int, int] | None = None) -> list[Pending]
     """Records at ``offsets`` as a fetch returns them; ``awake`` gives some an awakeAt (ms)."""
     awake = awake or {}
     return [Pending(o, f"record-{o}", awake.get(o), 100) for o in offsets]
+
+
+class ScanningPartition:
+    """The partition state machine as it was first written: every pass walks the whole queue.
+    Kept as the reference model the indexed :class:`~delayapp.core.partition.PartitionState`
+    must agree with (what it releases, in which order, and where it commits)."""
+
+    def __init__(self, committed: int) -> None:
+        self.queue: list[Pending] = []
+        self.next_offset = committed
+
+    def add(self, entries: list[Pending]) -> None:
+        self.queue.extend(entries)
+
+    def release_due(self, now: int, handle, *, release_ahead: bool, cap: int) -> list[int]:
+        done: list[int] = []
+        blocked = False
+        for entry in self.queue:
+            if entry.released:
+                continue
+            if blocked and (not release_ahead or self._ahead() >= cap):
+                break
+            if entry.awake_at is not None and entry.awake_at > now:
+                blocked = True
+                continue
+            until = getattr(handle(entry, now), "until_ms", None)
+            if until is not None:
+                entry.awake_at = until
+                blocked = True
+                continue
+            entry.released = True
+            done.append(entry.offset)
+        while self.queue and self.queue[0].released:
+            self.next_offset = self.queue.pop(0).offset + 1
+        return done
+
+    def _ahead(self) -> int:
+        """Released records behind the first one not released (those the commit metadata names)."""
+        first = next((i for i, e in enumerate(self.queue) if not e.released), len(self.queue))
+        return sum(e.released for e in self.queue[first:])
+
+    def commit_point(self) -> tuple[int, set[int]]:
+        position = self.queue[0].offset if self.queue else self.next_offset
+        return position, {e.offset for e in self.queue if e.released}
