@@ -1,4 +1,4 @@
-"""The Python cost of one step, without a broker: ``python -m bench.cpu [intermediate|delivery]``.
+"""The Python cost of one step, without a broker: ``python -m bench.cpu [intermediate|delivery|ingress|fold]``.
 
 Drives a hop loop's own parts (its intake, the partition state machine with the loop's step,
 its writer) over records built in memory as librdkafka would hand them over, the router's
@@ -15,6 +15,7 @@ with ``--setup-only`` (building the records).
 from __future__ import annotations
 
 import sys
+import tempfile
 import threading
 import time
 
@@ -23,6 +24,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message, Producer
 from bench.common import VALUE_1KB
 from bench.relay import HEADERS
 from delayapp.core import headers as h
+from delayapp.core.audit import delivered, waiting
 from delayapp.core.clock import GuardedClock, now_ms
 from delayapp.core.partition import AssignedPartitions
 from delayapp.core.planner import Planner
@@ -33,6 +35,7 @@ from delayapp.engine.service import build_policy, tune_collector
 from delayapp.engine.stats import LoopStats
 from delayapp.engine.writer import Writer
 from delayapp.settings import load_settings
+from delayapp.statestore.disk import DiskStateStore
 
 PARTITIONS = 4
 BATCH = 500  # records per fetch, the default max_batch
@@ -148,9 +151,46 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
     return spent / count * 1e6
 
 
+def fold_cost(count: int, held: int = 1_000_000) -> tuple[float, float]:
+    """CPU µs per state the read model spends folding ``count`` records' steps into its store
+    (:class:`~delayapp.statestore.disk.DiskStateStore`, in batches as its reader fetches them)
+    while it already holds ``held`` other records' states on disk: each record's first step
+    (``waiting``: its id is not in the store yet) and then its last (``delivered``). Every
+    record that enters costs one of each, on the worker's event loop."""
+    store = DiskStateStore(tempfile.mkdtemp(prefix="delayapp-fold-"), ttl_ms=3_600_000)
+    store.load(0)
+    now = now_ms()
+
+    def step(record_id: str, *, done: bool) -> bytes:
+        common = {"at": now, "retries": 0, "target": "cpu-sink", "due": now, "source": "cpu/0/1"}
+        common.update(priority=False, throttled_until=None, delayed_at=now - 2_000)
+        if done:
+            return delivered(record_id, hops=6, **common).encode("cpu-sink", 0, 1)
+        return waiting(record_id, hops=1, awake_at=now, **common).encode("cpu.delay.1s", 0, 1)
+
+    def fold(records: list[tuple[bytes, bytes]], first_offset: int) -> float:
+        started = time.thread_time()  # the folding thread's (RocksDB compacts on threads of its own)
+        for first in range(0, len(records), BATCH):
+            store.apply(0, records[first : first + BATCH], first_offset + first + BATCH)
+        return (time.thread_time() - started) / len(records) * 1e6
+
+    old = [f"held-{i}" for i in range(held)]
+    fold([(rid.encode(), step(rid, done=False)) for rid in old], 0)
+    new = [f"new-{i}" for i in range(count)]
+    entering = fold([(rid.encode(), step(rid, done=False)) for rid in new], held)
+    leaving = fold([(rid.encode(), step(rid, done=True)) for rid in new], held + count)
+    store.close()
+    return entering, leaving
+
+
 def main(argv: list[str]) -> int:
     step = argv[0] if argv else "intermediate"
     count = int(argv[1]) if len(argv) > 1 else 100_000
+    if step == "fold":
+        held = int(argv[2]) if len(argv) > 2 else 1_000_000
+        entering, leaving = fold_cost(count, held)
+        print(f"fold, {held:,} states held: {entering:.2f} µs CPU per first step (id not held), {leaving:.2f} µs per last")
+        return 0
     if argv[2:] == ["--setup-only"]:
         step_cost(step, count, setup_only=True)
         return 0

@@ -21,9 +21,11 @@ killed at any point resumes from the offset its store holds and folds the same r
 further along than the held one is ignored.
 
 Memory is the block cache and two write buffers (``cache_bytes`` each), the due counts of
-the owned partitions (one entry per non-empty :data:`DUE_BUCKET_MS` bucket) and the latest
-:data:`~delayapp.core.readmodel.RECENT_FINALS` final steps as small tuples: none of it grows with
-the number of waiting records.
+the owned partitions (one entry per non-empty :data:`DUE_BUCKET_MS` bucket), the latest
+:data:`~delayapp.core.readmodel.RECENT_FINALS` final steps as small tuples, and the table readers'
+index and bloom filter blocks: about 4 B per state held (3.6 MB at 1M states), the one part that
+grows with the number of records, kept out of the block cache because looking a filter up
+there cost a record's first step more than all the rest of its fold.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from delayapp.core.readmodel import RECENT_FINALS, state_of
 from delayapp.statestore.errors import StoreUnavailable
 
 DUE_BUCKET_MS = 10_000  # the histogram's finest edge is 10 s
+BLOOM_BITS_PER_KEY = 10  # ~1 % false positives
 NO_DUE = -(2**62)  # the bucket of a waiting state without a due time (counted as due now)
 
 FORMAT = b"2"  # the layout of the keys and values below; another one is read again from the topic
@@ -107,7 +110,13 @@ class DiskStateStore:
         options.set_max_open_files(256)
         table = BlockBasedOptions()
         table.set_block_cache(Cache(cache_bytes))
-        table.set_cache_index_and_filter_blocks(True)  # index and filters count against the cache too
+        # Every record's first step looks up an id the store does not hold. A bloom filter answers
+        # most such misses without reading a block, and the table readers keep their index and
+        # filter blocks (~4 B per state held) instead of the block cache, where looking them up
+        # cost more than the read itself: with 1M states held a miss took 24 µs without a filter,
+        # 8-10 µs with one in the cache, 1.3 µs like this (bench.cpu fold).
+        table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
+        table.set_cache_index_and_filter_blocks(False)
         options.set_block_based_table_factory(table)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
