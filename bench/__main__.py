@@ -96,7 +96,16 @@ def _ratio(
         report.add(label, f"{rate:,.0f} rec/s")
 
 
-async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profile: bool, external: bool) -> Report:
+async def run(
+    bootstrap: str,
+    sections: set[str],
+    quick: bool,
+    runs: int,
+    profile: bool,
+    external: bool,
+    backlog_levels: list[int] | None = None,
+    backlog_audit: tuple[bool, ...] = (False, True),
+) -> Report:
     report = Report()
     n = 5_000 if quick else 50_000
     warm = 0 if quick else 1
@@ -254,9 +263,9 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
         else:
             report.add(label, late)
     if "backlog" in sections:
-        levels = [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]
+        levels = backlog_levels or ([10_000, 100_000] if quick else [10_000, 100_000, 1_000_000])
         report.data["backlog"] = {}
-        for audit in (False, True):
+        for audit in backlog_audit:
             rows = await engine.backlog_rss(bootstrap, levels, audit=audit, external=external)
             report.data["backlog"]["audit_on" if audit else "audit_off"] = rows
             label = "audit and read model on" if audit else "delay engine only, audit off"
@@ -279,14 +288,24 @@ async def run(bootstrap: str, sections: set[str], quick: bool, runs: int, profil
                     "<= 10 s (issue 22)",
                     restart["serving_after_s"] <= 10,
                 )
-            growth = rows[-1]["rss_mb"] - rows[0]["rss_mb"]
-            per_record = growth * 1e6 / max(1, rows[-1]["waiting"] - rows[0]["waiting"])
+            by_level = {r["waiting"]: r for r in rows}
+            upto_1m = [r for r in rows if r["waiting"] <= 1_000_000]
+            growth = upto_1m[-1]["rss_mb"] - rows[0]["rss_mb"]
+            per_record = growth * 1e6 / max(1, upto_1m[-1]["waiting"] - rows[0]["waiting"])
             report.add(
-                f"backlog RSS growth per worker {levels[0]:,} -> {levels[-1]:,} ({label})",
+                f"backlog RSS growth per worker {levels[0]:,} -> {upto_1m[-1]['waiting']:,} ({label})",
                 f"{growth:.0f} MB ({per_record:.0f} B per waiting record)",
                 "<= 64 B per waiting record (issue 22)",
                 per_record <= 64,
             )
+            if 1_000_000 in by_level and 10_000_000 in by_level:
+                ratio = by_level[10_000_000]["rss_mb"] / by_level[1_000_000]["rss_mb"]
+                report.add(
+                    f"worker RSS at 10,000,000 waiting against 1,000,000 ({label})",
+                    f"{ratio:.2f} x",
+                    "<= 1.2 x (issue 22)",
+                    ratio <= 1.2,
+                )
     if "recovery" in sections:
         seconds = await engine.recovery_after_sigkill(bootstrap, external=external)
         report.data["recovery_s"] = seconds
@@ -349,8 +368,22 @@ def main(argv: list[str] | None = None) -> int:
         "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}"
     )
     parser.add_argument("--profile", action="store_true", help="cProfile the hop loop and print where the time goes")
+    parser.add_argument(
+        "--backlog-levels",
+        default="",
+        help="comma-separated waiting-record counts of the backlog section (default 10000,100000,1000000; "
+        "issue 22's long run adds 10000000)",
+    )
+    parser.add_argument(
+        "--backlog-audit",
+        choices=("both", "on", "off"),
+        default="both",
+        help="the backlog section with the audit and read model off, on, or both (default)",
+    )
     parser.add_argument("--json", default="bench-result.json")
     args = parser.parse_args(argv)
+    backlog_levels = [int(level) for level in args.backlog_levels.split(",") if level.strip()] or None
+    backlog_audit = {"both": (False, True), "on": (True,), "off": (False,)}[args.backlog_audit]
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
     unknown = sections - set(SECTIONS)
     if unknown:
@@ -370,7 +403,18 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     try:
-        report = asyncio.run(run(bootstrap, sections, args.quick, runs, args.profile, external=broker is None))
+        report = asyncio.run(
+            run(
+                bootstrap,
+                sections,
+                args.quick,
+                runs,
+                args.profile,
+                external=broker is None,
+                backlog_levels=backlog_levels,
+                backlog_audit=backlog_audit,
+            )
+        )
     finally:
         if broker:
             broker.stop()
