@@ -280,25 +280,30 @@ async def _waiting_known(port: str) -> int:
 
 async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, external: bool = False) -> list[dict]:
     """Worker RSS with ``levels`` records waiting in the 1 h topic (cumulative loads), and the
-    bytes of RSS per waiting record it grew by since the first level.
+    bytes of RSS per waiting record it grew by since the first level; the default ladder and
+    settings otherwise.
 
     With the audit on, the worker's read model (on disk: :mod:`delayapp.statestore`) holds one
     state per record in flight, and each level is measured once it has folded them all; with
     it off only the delay engine is measured."""
     prefix = unique("blg")
     target = f"{prefix}-out"
-    env = {**worker_env(bootstrap, prefix, "1s,1h", external=external), "DELAYAPP_AUDIT_ENABLED": str(audit).lower()}
+    env = {**worker_env(bootstrap, prefix, DEFAULT_LADDER, external=external), "DELAYAPP_AUDIT_ENABLED": str(audit).lower()}
+    del env["DELAYAPP_DENOMINATIONS"]  # what a new user runs
     worker = WorkerProcess(env, name=prefix).start()
     out: list[dict] = []
     try:
-        await worker.wait_ready(loops=3)
+        await worker.wait_ready(loops=1 + len(Ladder.parse(DEFAULT_LADDER).denominations))
         await create_topics(bootstrap, target, partitions=4)
         idle = _rss_mb(worker.process.pid)
         loaded = 0
         for level in levels:
-            # due in exactly 1 h: one hop into the 1 h topic, where each waits (on this ladder a
-            # delay below 1 h would be paid in 1 s hops, a record the loops move every second)
-            headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"3600000")]
+            # due in 2 h: the first hop is a full one into the 1 h topic, where each waits while
+            # the section lasts. delayMs counts from the ingress's append time, so the router's
+            # lag (minutes at 10M) comes off it: with 1 h exactly, on the ladder 1s,1h this
+            # section once used, a record routed more than 1 s late was planned in 1 s hops,
+            # moved every second instead of waiting (the 1M level was partly measuring that)
+            headers = [(h.REACTIVATE_TO_TOPIC, target.encode()), (h.DELAY_MS, b"7200000")]
             await preload(
                 bootstrap, f"{prefix}.ingress", level - loaded, lambda i, headers=headers: headers, value=b"x" * 100
             )
