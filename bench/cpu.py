@@ -189,7 +189,9 @@ def main(argv: list[str]) -> int:
     if step == "fold":
         held = int(argv[2]) if len(argv) > 2 else 1_000_000
         entering, leaving = fold_cost(count, held)
-        print(f"fold, {held:,} states held: {entering:.2f} µs CPU per first step (id not held), {leaving:.2f} µs per last")
+        print(
+            f"fold, {held:,} states held: {entering:.2f} µs CPU per first step (id not held), {leaving:.2f} µs per last"
+        )
         return 0
     if argv[2:] == ["--setup-only"]:
         step_cost(step, count, setup_only=True)

@@ -288,7 +288,10 @@ async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, 
     it off only the delay engine is measured."""
     prefix = unique("blg")
     target = f"{prefix}-out"
-    env = {**worker_env(bootstrap, prefix, DEFAULT_LADDER, external=external), "DELAYAPP_AUDIT_ENABLED": str(audit).lower()}
+    env = {
+        **worker_env(bootstrap, prefix, DEFAULT_LADDER, external=external),
+        "DELAYAPP_AUDIT_ENABLED": str(audit).lower(),
+    }
     del env["DELAYAPP_DENOMINATIONS"]  # what a new user runs
     worker = WorkerProcess(env, name=prefix).start()
     out: list[dict] = []

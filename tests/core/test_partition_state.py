@@ -187,7 +187,8 @@ def test_a_partition_pauses_once_its_last_fetched_record_wakes_beyond_the_horizo
 
 
 @given(
-    st.lists(st.tuples(st.integers(0, 6), st.booleans()), min_size=1, max_size=60),  # (wait in 100 ms, handler waits once)
+    # each record: (its wait in steps of 100 ms, whether the handler makes it wait once more)
+    st.lists(st.tuples(st.integers(0, 6), st.booleans()), min_size=1, max_size=60),
     st.integers(1, 8),  # records fetched per batch
     st.integers(2, 12),  # the release-ahead bound
     st.booleans(),  # release ahead
