@@ -256,7 +256,7 @@ class Settings(BaseSettings):
         8 * 1024 * 1024,
         ge=1024 * 1024,
         description="bytes of the on-disk read model's block cache and of each of its two write buffers "
-        "(what it may hold in memory, whatever the number of waiting records)",
+        "(what it may hold in memory beyond the index and filters of its files, ~4 B per state held)",
     )
 
     @field_validator(*DURATION_FIELDS, mode="before")
