@@ -1,13 +1,21 @@
 """The chaos run: load, faults while records flow, then count what arrived.
 
-1. an embedded broker behind a cuttable proxy (or a given broker: no network cuts then);
+1. an embedded broker behind a cuttable proxy, or a given broker: with one listener per worker
+   slot, each advertising that slot's own proxy (:mod:`delayapp.dev.chaos.listeners`), each
+   worker behind a proxy of its own, so one worker can be cut off as well as all; without
+   them, no network cuts, and the result says why;
 2. two ``faust -A delayapp worker`` processes in one group;
 3. all records loaded up front (ids, due times spread over every denomination, some already
    due, some with retries), so the loader never re-sends anything itself;
-4. faults every few seconds: SIGKILL, SIGTERM and network cuts, workers restarted;
+4. faults every few seconds: SIGKILL, SIGTERM and network cuts (all workers, or one), workers
+   restarted;
 5. every target and the dead-letter topic read back (read_committed): lost, early,
    duplicates, lateness outside fault windows, drain time after the last fault, and the
-   record-states read model's retry counters against a recount from the delivered records.
+   record-states read model's retry counters against a recount from the delivered records;
+6. under at_least_once, the duplicates against their ceiling: the records the workers' loops
+   wrote and had not committed when they lost, gave up or rewound partitions (each loop logs
+   that count), plus, for each SIGKILL, what the killed worker's loops had written and not
+   committed a moment before (its ``/delay/stats``): a run with more duplicates fails.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ import asyncio
 import json
 import logging
 import random
+import re
 import signal
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -30,6 +40,7 @@ from delayapp.core import headers as h
 from delayapp.core.audit import RecordStatus
 from delayapp.core.clock import now_ms
 from delayapp.core.readmodel import RecordStateStore
+from delayapp.dev.chaos.listeners import WorkerListener, probe_advertised
 from delayapp.dev.chaos.procs import (
     TopicCollector,
     WorkerProcess,
@@ -46,6 +57,11 @@ from delayapp.dev.embedded_broker import EmbeddedBroker, free_port
 log = logging.getLogger("delayapp.dev.chaos")
 
 LATE_MS = 1_000
+# a loop's report of what it gave up uncommitted (delayapp.engine.loop, _report_uncommitted)
+UNCOMMITTED_LINE = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\].*?\] ([\w-]+): (\d+) records written and not committed \((\w+)\)",
+    re.MULTILINE,
+)
 
 
 def _agrees(state: dict | None, retries: int) -> bool:
@@ -73,6 +89,10 @@ class ChaosConfig:
     #: the broker's security settings as DELAYAPP_* environment variables (SASL, TLS): given to
     #: the workers and used by the harness's own clients, on top of this process's environment
     security: dict[str, str] = field(default_factory=dict)
+    #: an external broker's listener per worker slot, each advertising that slot's proxy
+    #: (:func:`delayapp.dev.chaos.listeners.worker_listeners`), or why there are none: network
+    #: cuts need them (the embedded broker has its own proxy)
+    worker_listeners: list[WorkerListener] | str | None = None
 
 
 @dataclass
@@ -83,6 +103,9 @@ class Fault:
     target: str
     start_ms: int
     end_ms: int = 0
+    #: records the loops reported written and not committed from this fault's start to the next
+    #: one's (a SIGKILL: what the killed worker's loops held a moment before the kill)
+    uncommitted: int = 0
 
 
 @dataclass
@@ -106,14 +129,25 @@ class ChaosResult:
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
     guarantee: str = "at_least_once"
     network_cuts: bool = True
+    no_cuts_reason: str | None = None  # why there were no network cuts, when there were none
+    #: the duplicates' ceiling: what the loops reported written and not committed when they lost,
+    #: gave up or rewound partitions, plus what killed workers held just before each SIGKILL
+    uncommitted_reported: int = 0
 
     @property
     def ok(self) -> bool:
-        """Nothing lost or early, no valid record dead-lettered, the table agrees (and no
-        duplicates under exactly_once)."""
-        duplicates_ok = self.duplicates == 0 or self.guarantee != "exactly_once"
+        """Nothing lost or early, no valid record dead-lettered, the table agrees, and no
+        duplicates under exactly_once, no more than their ceiling under at_least_once."""
+        if self.guarantee == "exactly_once":
+            duplicates_ok = self.duplicates == 0
+        else:
+            duplicates_ok = self.duplicates <= self.uncommitted_reported
         clean = self.lost == 0 and self.early == 0 and self.dead_lettered == 0 and self.table_mismatches == 0
         return clean and duplicates_ok and self.delivered == self.records
+
+    def _bound_verdict(self) -> str:
+        """at_least_once: whether the duplicates stayed within their ceiling."""
+        return "met" if self.duplicates <= self.uncommitted_reported else "EXCEEDED: a re-send nobody reported"
 
     def table(self) -> str:
         """The printed summary."""
@@ -125,7 +159,7 @@ class ChaosResult:
             (
                 "faults",
                 ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-                + ("" if self.network_cuts else " (no network cuts: external broker)"),
+                + ("" if self.network_cuts else f" (no network cuts: {self.no_cuts_reason})"),
             ),
             ("guarantee", self.guarantee),
             ("delivered", f"{self.delivered}"),
@@ -143,6 +177,15 @@ class ChaosResult:
                     else " (reported; consumers de-duplicate by recordId)"
                 ),
                 f"{self.duplicates}",
+            ),
+            (
+                "written and not committed when partitions were lost, given up or killed (ceiling of duplicates)",
+                f"{self.uncommitted_reported}"
+                + ("" if self.guarantee == "exactly_once" else f" ({self._bound_verdict()})"),
+            ),
+            (
+                "per fault: kind, target, written and not committed",
+                "; ".join(f"{f.kind} {f.target} {f.uncommitted}" for f in self.faults),
             ),
             (
                 "lateness outside fault windows p50 / p99 / max",
@@ -180,7 +223,10 @@ class ChaosRun:
         self.targets = [f"{self.prefix}-out-a", f"{self.prefix}-out-b"]
         self.faults: list[Fault] = []
         self.broker: EmbeddedBroker | None = None
-        self.proxy: CuttableProxy | None = None
+        self.proxy: CuttableProxy | None = None  # the embedded broker's: every worker behind it
+        self.worker_proxies: dict[int, CuttableProxy] = {}  # a real broker's: one per worker slot
+        self.worker_bootstraps: dict[int, str] = {}  # where each slot's worker connects, if not the broker
+        self.no_cuts_reason: str | None = None
         self.workers: list[WorkerProcess] = []
         self.sent: dict[str, tuple[int, int]] = {}  # id -> (due ms, timeRetried)
         self.loaded_at: dict[str, int] = {}  # id -> when it was sent (lateness counts from max(due, this))
@@ -190,16 +236,49 @@ class ChaosRun:
 
     def _start_broker(self) -> str:
         if self.config.broker:
+            self._start_worker_proxies()
             return self.config.broker
         proxy_port = free_port()
         self.broker = EmbeddedBroker(advertised_port=proxy_port).start()
         self.proxy = CuttableProxy(proxy_port, self.broker.port).start()
         return f"127.0.0.1:{proxy_port}"
 
+    def _start_worker_proxies(self) -> None:
+        """A proxy per worker slot in front of the broker's listener for that slot, if the broker
+        has them and advertises each proxy's address there; else no cuts, and why."""
+        c = self.config
+        listeners = c.worker_listeners
+        if not isinstance(listeners, list):
+            self.no_cuts_reason = listeners or "no per-worker listeners configured (delayapp.dev.chaos.listeners)"
+            return
+        by_slot = {lst.slot: lst for lst in listeners}
+        if missing := [slot for slot in range(c.workers) if slot not in by_slot]:
+            self.no_cuts_reason = f"no listener for worker slots {missing}"
+            return
+        for slot in range(c.workers):
+            lst = by_slot[slot]
+            proxy = CuttableProxy(lst.proxy_port, lst.listener_port, upstream_host=lst.listener_host).start()
+            self.worker_proxies[slot] = proxy
+            connection = client_settings(lst.advertised, c.security).librdkafka_connection()
+            reason = probe_advertised(connection, lst.advertised)
+            if reason is not None:
+                self.no_cuts_reason = reason
+                for started in self.worker_proxies.values():
+                    started.stop()
+                self.worker_proxies.clear()
+                return
+        self.worker_bootstraps = {slot: by_slot[slot].advertised for slot in range(c.workers)}
+        log.info("network cuts: worker slots %s each behind a proxy of their own", sorted(self.worker_bootstraps))
+
+    @property
+    def cuts(self) -> bool:
+        """True when network cuts can be injected."""
+        return self.proxy is not None or bool(self.worker_proxies)
+
     def _worker_env(self, bootstrap: str, slot: int) -> dict[str, str]:
         c = self.config
         return {
-            "DELAYAPP_BROKER": bootstrap,
+            "DELAYAPP_BROKER": self.worker_bootstraps.get(slot, bootstrap),
             "DELAYAPP_TOPIC_PREFIX": self.prefix,
             "DELAYAPP_APP_ID": self.prefix,
             "DELAYAPP_DENOMINATIONS": c.ladder,
@@ -255,9 +334,11 @@ class ChaosRun:
 
     async def _inject(self) -> None:
         c = self.config
-        kinds = ["sigkill", "sigterm"] + (["network-cut"] if self.proxy else [])
+        # every kind at least once, the rest drawn; a cut of one worker needs a proxy per worker
+        kinds = ["sigkill", "sigterm"] + (["network-cut"] if self.cuts else [])
+        kinds += ["worker-cut"] if self.worker_proxies else []
         plan = kinds[:] + [
-            self.rng.choices(kinds, weights=[5, 3, 2][: len(kinds)])[0] for _ in range(max(0, c.faults - len(kinds)))
+            self.rng.choices(kinds, weights=[5, 3, 2, 2][: len(kinds)])[0] for _ in range(max(0, c.faults - len(kinds)))
         ]
         self.rng.shuffle(plan)
         for kind in plan[: c.faults]:
@@ -267,12 +348,16 @@ class ChaosRun:
             fault = Fault(kind, "all" if kind == "network-cut" else f"worker {slot}", now_ms())
             self.faults.append(fault)
             log.warning("fault: %s on %s", kind, fault.target)
-            if kind == "network-cut":
-                assert self.proxy is not None
-                self.proxy.cut()
+            if kind in ("network-cut", "worker-cut"):
+                proxies = [self.proxy] if self.proxy else list(self.worker_proxies.values())
+                cut = proxies if kind == "network-cut" else [self.worker_proxies[slot]]
+                for proxy in cut:
+                    proxy.cut()
                 await asyncio.sleep(self.rng.uniform(*c.cut_s))
-                self.proxy.heal()
+                for proxy in cut:
+                    proxy.heal()
             elif kind == "sigkill":
+                fault.uncommitted = await self._written_uncommitted_now(worker)
                 worker.kill(signal.SIGKILL)
                 await self._restart(slot, self.rng.uniform(1, 3))
             else:
@@ -284,6 +369,47 @@ class ChaosRun:
                     log.warning("worker %d exited by itself; restarting", other)
                     self.faults.append(Fault("crash-restart", f"worker {other}", now_ms(), now_ms()))
                     w.start()
+
+    async def _written_uncommitted_now(self, worker: WorkerProcess) -> int:
+        """What ``worker``'s loops have written and not committed now (its ``/delay/stats``): the
+        ceiling of what its partitions' next owners write again if it dies now (0 if it does not answer)."""
+        token = client_settings("", self.config.security).read_credential()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        url = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}/delay/stats"
+        try:
+            async with (
+                aiohttp.ClientSession(headers=headers) as session,
+                session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response,
+            ):
+                body = await response.json()
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            log.warning("%s did not say what it holds uncommitted (%s)", worker.name, exc)
+            return 0
+        return sum(int(loop.get("written_uncommitted_now") or 0) for loop in body.get("loops", {}).values())
+
+    def _uncommitted_reports(self) -> list[tuple[int, str, str, int]]:
+        """Every loop's report of records written and not committed when it lost, gave up or
+        rewound partitions, from every worker's log: (epoch ms, worker, loop, count)."""
+        reports = []
+        for worker in self.workers:
+            for match in UNCOMMITTED_LINE.finditer(worker.log):
+                stamp, millis, loop, count, _why = match.groups()
+                at = int(time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) * 1000) + int(millis)
+                reports.append((at, worker.name, loop, int(count)))
+        return sorted(reports)
+
+    def _attribute_uncommitted(self) -> int:
+        """Add each report to the fault it followed (from its start to the next fault's); the
+        total reported, SIGKILLs' figures included."""
+        reports = self._uncommitted_reports()
+        starts = [f.start_ms for f in self.faults]
+        total = sum(f.uncommitted for f in self.faults)  # the kills' figures, read before each kill
+        for at, _worker, _loop, count in reports:
+            total += count
+            before = [i for i, start in enumerate(starts) if start <= at]
+            if before:
+                self.faults[before[-1]].uncommitted += count
+        return total
 
     # -- verification --------------------------------------------------------------------------
 
@@ -456,8 +582,9 @@ class ChaosRun:
         finally:
             for worker in self.workers:
                 worker.kill(signal.SIGTERM, timeout=15)
-            if self.proxy:
-                self.proxy.stop()
+            for proxy in [self.proxy, *self.worker_proxies.values()]:
+                if proxy is not None:
+                    proxy.stop()
             if self.broker:
                 self.broker.stop()
         return self._result(deliveries, dead, last_fault_end, mismatches, checked, collector)
@@ -510,7 +637,9 @@ class ChaosRun:
             faults=self.faults,
             dead_letter_reasons=self.reasons,
             guarantee=self.config.guarantee,
-            network_cuts=self.proxy is not None,
+            network_cuts=self.cuts,
+            no_cuts_reason=self.no_cuts_reason,
+            uncommitted_reported=self._attribute_uncommitted(),
         )
 
 
