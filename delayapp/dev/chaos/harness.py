@@ -40,7 +40,7 @@ from delayapp.core import headers as h
 from delayapp.core.audit import RecordStatus
 from delayapp.core.clock import now_ms
 from delayapp.core.readmodel import RecordStateStore
-from delayapp.dev.chaos.listeners import WorkerListener, probe_advertised
+from delayapp.dev.chaos.listeners import WorkerListener, probe_advertised, probe_listeners
 from delayapp.dev.chaos.procs import (
     TopicCollector,
     WorkerProcess,
@@ -254,6 +254,11 @@ class ChaosRun:
         by_slot = {lst.slot: lst for lst in listeners}
         if missing := [slot for slot in range(c.workers) if slot not in by_slot]:
             self.no_cuts_reason = f"no listener for worker slots {missing}"
+            return
+        security = client_settings(c.broker or "", c.security).librdkafka_connection()
+        del security["bootstrap.servers"]
+        if reason := probe_listeners(listeners, c.broker, security):
+            self.no_cuts_reason = reason
             return
         for slot in range(c.workers):
             lst = by_slot[slot]

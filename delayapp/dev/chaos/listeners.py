@@ -96,3 +96,39 @@ def probe_advertised(connection: dict[str, Any], expected: str) -> str | None:
             f"a worker would go around its proxy (one broker, one listener per worker: {DOC})"
         )
     return None
+
+
+def _metadata(connection: dict[str, Any], bootstrap: str) -> Any:
+    """The cluster's metadata as the broker at ``bootstrap`` answers it (librdkafka's logs off:
+    the advertised address may have nobody listening yet)."""
+    admin = AdminClient({**connection, "bootstrap.servers": bootstrap, "log_level": 0})
+    return admin.list_topics(timeout=PROBE_TIMEOUT_S)
+
+
+def probe_listeners(
+    listeners: list[WorkerListener], broker: str | None = None, security: dict[str, Any] | None = None
+) -> str | None:
+    """None when the broker answers at every listener, advertises there the address named for
+    it and, given ``broker`` (the harness's own bootstrap), belongs to that broker's cluster;
+    else why not. Asked of the listeners themselves, before any proxy runs (a client reads the
+    metadata on the connection it bootstrapped from; ``security``: librdkafka properties, SASL
+    and TLS)."""
+    connection = security or {}
+    try:
+        cluster = _metadata(connection, broker).cluster_id if broker else None
+    except KafkaException as exc:
+        return f"no metadata from {broker} ({exc})"
+    for lst in listeners:
+        try:
+            metadata = _metadata(connection, lst.listener)
+        except KafkaException as exc:
+            return f"DELAYAPP_TEST_WORKER{lst.slot}_BROKER={lst.listener}: no answer ({exc})"
+        if cluster is not None and metadata.cluster_id != cluster:
+            return f"DELAYAPP_TEST_WORKER{lst.slot}_BROKER={lst.listener} is not a listener of the cluster at {broker}"
+        brokers = sorted(f"{b.host}:{b.port}" for b in metadata.brokers.values())
+        if brokers != [lst.advertised]:
+            return (
+                f"DELAYAPP_TEST_WORKER{lst.slot}_BROKER={lst.listener} advertises {', '.join(brokers) or 'nothing'}, "
+                f"not DELAYAPP_TEST_WORKER{lst.slot}_ADVERTISED={lst.advertised} ({DOC})"
+            )
+    return None
