@@ -659,7 +659,7 @@ class HopLoop(Service):
         commit, which whoever serves them next writes again (the ceiling of the duplicates this
         event causes under at_least_once): beyond the commit the broker holds (a partition lost or
         revoked), or beyond the loop's own last commit (a rewind, which seeks there)."""
-        count = 0
+        count = dropped_metadata = 0
         with self._state_lock:
             for key in keys:
                 part = self.parts.parts.get(key)
@@ -668,15 +668,21 @@ class HopLoop(Service):
                 if to_broker_commit:
                     commit = self._broker_commits.get(key, (part.committed, part.committed_metadata))
                     count += written_not_committed(part, commit, metadata_kept=self.commit_metadata_kept)
+                    if not self.commit_metadata_kept:  # told apart: only the broker's dropped metadata re-sends these
+                        dropped_metadata += written_not_committed(part, commit, metadata_kept=False)
+                        dropped_metadata -= written_not_committed(part, commit, metadata_kept=True)
                 else:  # a rewind carries what the loop's own commit metadata says was released ahead
                     count += written_not_committed(part, (part.committed, part.committed_metadata))
         if count:
             self.stats.written_uncommitted += count
             log.warning(
-                "%s: %d records written and not committed (%s); whoever serves them next may write them again",
+                "%s: %d records written and not committed (%s%s); whoever serves them next may write them again",
                 self.label,
                 count,
                 why,
+                f"; {dropped_metadata} of them released ahead, whose commit metadata the broker drops"
+                if dropped_metadata
+                else "",
             )
         return count
 

@@ -59,7 +59,7 @@ log = logging.getLogger("delayapp.dev.chaos")
 LATE_MS = 1_000
 # a loop's report of what it gave up uncommitted (delayapp.engine.loop, _report_uncommitted)
 UNCOMMITTED_LINE = re.compile(
-    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\].*?\] ([\w-]+): (\d+) records written and not committed \((\w+)\)",
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\].*?\] ([\w-]+): (\d+) records written and not committed \((\w+)[;)]",
     re.MULTILINE,
 )
 
@@ -106,6 +106,9 @@ class Fault:
     #: records the loops reported written and not committed from this fault's start to the next
     #: one's (a SIGKILL: what the killed worker's loops held a moment before the kill)
     uncommitted: int = 0
+    #: a cut: what the cut workers' loops had written and not committed as it began (their
+    #: /delay/stats, read as the proxies stop; shown beside what they reported once cut off)
+    uncommitted_at_start: int | None = None
 
 
 @dataclass
@@ -185,7 +188,11 @@ class ChaosResult:
             ),
             (
                 "per fault: kind, target, written and not committed",
-                "; ".join(f"{f.kind} {f.target} {f.uncommitted}" for f in self.faults),
+                "; ".join(
+                    f"{f.kind} {f.target} {f.uncommitted}"
+                    + ("" if f.uncommitted_at_start is None else f" (at its start {f.uncommitted_at_start})")
+                    for f in self.faults
+                ),
             ),
             (
                 "lateness outside fault windows p50 / p99 / max",
@@ -358,6 +365,9 @@ class ChaosRun:
                 cut = proxies if kind == "network-cut" else [self.worker_proxies[slot]]
                 for proxy in cut:
                     proxy.cut()
+                cut_workers = self.workers if kind == "network-cut" else [worker]
+                held = await asyncio.gather(*(self._written_uncommitted_now(w) for w in cut_workers))
+                fault.uncommitted_at_start = sum(held)
                 await asyncio.sleep(self.rng.uniform(*c.cut_s))
                 for proxy in cut:
                     proxy.heal()
