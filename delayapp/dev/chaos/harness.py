@@ -53,6 +53,7 @@ from delayapp.dev.chaos.procs import (
 )
 from delayapp.dev.chaos.proxy import CuttableProxy
 from delayapp.dev.embedded_broker import EmbeddedBroker, free_port
+from delayapp.settings import load_settings
 
 log = logging.getLogger("delayapp.dev.chaos")
 
@@ -106,6 +107,9 @@ class Fault:
     #: records the loops reported written and not committed from this fault's start to the next
     #: one's (a SIGKILL: what the killed worker's loops held a moment before the kill)
     uncommitted: int = 0
+    #: extra copies of records whose copying (a write done twice) happened from this fault's
+    #: start to the next one's: the duplicates it caused, held to ``uncommitted`` but for a SIGKILL
+    duplicates: int = 0
     #: a cut: what the cut workers' loops had written and not committed as it began (their
     #: /delay/stats, read as the proxies stop; shown beside what they reported once cut off)
     uncommitted_at_start: int | None = None
@@ -136,6 +140,14 @@ class ChaosResult:
     #: the duplicates' ceiling: what the loops reported written and not committed when they lost,
     #: gave up or rewound partitions, plus what killed workers held just before each SIGKILL
     uncommitted_reported: int = 0
+    duplicates_before_faults: int = 0  # extra copies made before the first fault (must be 0)
+
+    @property
+    def over_ceiling(self) -> list[Fault]:
+        """Faults but SIGKILLs whose duplicates exceed what the loops reported written and not
+        committed after them (a killed worker reports nothing: the figure read just before the
+        kill is a moment old, so its duplicates are shown, not held to it)."""
+        return [f for f in self.faults if f.kind != "sigkill" and f.duplicates > f.uncommitted]
 
     @property
     def ok(self) -> bool:
@@ -144,13 +156,19 @@ class ChaosResult:
         if self.guarantee == "exactly_once":
             duplicates_ok = self.duplicates == 0
         else:
-            duplicates_ok = self.duplicates <= self.uncommitted_reported
+            duplicates_ok = not self.over_ceiling and self.duplicates_before_faults == 0
         clean = self.lost == 0 and self.early == 0 and self.dead_lettered == 0 and self.table_mismatches == 0
         return clean and duplicates_ok and self.delivered == self.records
 
     def _bound_verdict(self) -> str:
-        """at_least_once: whether the duplicates stayed within their ceiling."""
-        return "met" if self.duplicates <= self.uncommitted_reported else "EXCEEDED: a re-send nobody reported"
+        """at_least_once: whether each fault's duplicates stayed within their ceiling."""
+        over = self.over_ceiling
+        if not over and not self.duplicates_before_faults:
+            return "met by every fault"
+        return "EXCEEDED, a re-send nobody reported: " + (
+            ", ".join(f"{f.kind} {f.target} {f.duplicates} > {f.uncommitted}" for f in over)
+            or f"{self.duplicates_before_faults} before any fault"
+        )
 
     def table(self) -> str:
         """The printed summary."""
@@ -187,9 +205,9 @@ class ChaosResult:
                 + ("" if self.guarantee == "exactly_once" else f" ({self._bound_verdict()})"),
             ),
             (
-                "per fault: kind, target, written and not committed",
+                "per fault: kind, target, duplicates it caused / written and not committed",
                 "; ".join(
-                    f"{f.kind} {f.target} {f.uncommitted}"
+                    f"{f.kind} {f.target} {f.duplicates}/{f.uncommitted}"
                     + ("" if f.uncommitted_at_start is None else f" (at its start {f.uncommitted_at_start})")
                     for f in self.faults
                 ),
@@ -576,6 +594,7 @@ class ChaosRun:
             await asyncio.sleep(c.session_timeout_ms / 1000)  # let both members settle in every group
             await self._load(bootstrap)
             collector = await TopicCollector(bootstrap, [*self.targets, f"{self.prefix}.dlq"], c.security).start()
+            hops = await TopicCollector(bootstrap, self._delay_topics(bootstrap), c.security).start()
             await self._inject()
             last_fault_end = max((f.end_ms for f in self.faults), default=now_ms())
             last_due = max(due for due, _ in self.sent.values())
@@ -591,6 +610,7 @@ class ChaosRun:
                 log.error("%s", exc)
             await asyncio.sleep(2.0)  # late duplicates show up here
             await collector.stop()
+            await hops.stop()
             deliveries, dead = self._audit(collector)
             self.reasons = self._dead_letter_reasons(collector)
             mismatches, checked = await self._table_mismatches(bootstrap, deliveries)
@@ -602,7 +622,48 @@ class ChaosRun:
                     proxy.stop()
             if self.broker:
                 self.broker.stop()
-        return self._result(deliveries, dead, last_fault_end, mismatches, checked, collector)
+        result = self._result(deliveries, dead, last_fault_end, mismatches, checked, collector)
+        result.duplicates_before_faults = self._attribute_duplicates(hops.records, deliveries)
+        return result
+
+    def _delay_topics(self, bootstrap: str) -> list[str]:
+        """The delay topics of this run's ladder (the workers created them)."""
+        settings = load_settings(broker=bootstrap, topic_prefix=self.prefix, denominations=self.config.ladder)
+        return list(settings.topic_layout().delay_topics.values())
+
+    def _attribute_duplicates(self, hop_records: list[Any], deliveries: dict[str, list[Any]]) -> int:
+        """Give each fault the duplicates it caused; returns those made before any fault.
+
+        A duplicate begins where a write was done twice (a redo of what a loop had written and
+        not committed): a record id then has two copies of the same hop (``delayHops``; both
+        copies have made the same number of hops, whichever topics they were planned into) or
+        of its delivery. Each new copy is dated by its write (the record's timestamp) and given
+        to the last fault that began before it: the redo follows the fault within seconds,
+        faults are further apart."""
+        writes: dict[str, dict[str, list[int]]] = {}  # id -> level (hops, or delivered) -> write times
+        for record in hop_records:
+            headers = dict(record.headers)
+            rid = (headers.get(h.RECORD_ID) or record.key or b"").decode()
+            level = (headers.get(h.DELAY_HOPS) or b"0").decode()
+            writes.setdefault(rid, {}).setdefault(level, []).append(record.timestamp)
+        for rid, records in deliveries.items():
+            writes.setdefault(rid, {})["delivered"] = [r.timestamp for r in records]
+        starts = [f.start_ms for f in self.faults]
+        before_faults = 0
+        for levels in writes.values():
+            # (when, n): from then on the record has at least n copies; each copy beyond the
+            # first is new the first time any level shows it
+            seen = sorted((stamp, n) for stamps in levels.values() for n, stamp in enumerate(sorted(stamps), 1))
+            copies = 1
+            for stamp, n in seen:
+                for _ in range(copies, n):
+                    caused_by = [i for i, start in enumerate(starts) if start <= stamp]
+                    if caused_by:
+                        self.faults[caused_by[-1]].duplicates += 1
+                    else:
+                        before_faults += 1
+                copies = max(copies, n)
+        return before_faults
 
     def _result(
         self,
