@@ -548,6 +548,7 @@ class HopLoop(Service):
         # librdkafka leaves a partition whose reset failed in an error state that refuses seeks:
         # assign every served partition again, this one from the start of its log, the others
         # from their commits (what was fetched since is fetched again)
+        self._report_uncommitted(self.assignment() - {key}, "rewound", to_broker_commit=False)
         with self._state_lock:
             if part is not None:
                 self.parts.adopt(key, None, None, now_s=time.monotonic())
