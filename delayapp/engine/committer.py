@@ -91,6 +91,7 @@ class Committer:
         clock: GuardedClock,
         rewind: Callable[[set[PartitionKey]], None],
         pause: Callable[[float], object],
+        confirmed: Callable[[Offsets], None] | None = None,
     ) -> None:
         self.label = label
         self.producer = producer
@@ -103,6 +104,7 @@ class Committer:
         self.clock = clock
         self.rewind = rewind  # fetch these partitions again from their commits
         self.pause = pause  # wait this many seconds, or less if the loop stops meanwhile
+        self.confirmed = confirmed  # told of commits the broker acknowledged (the loop's count of what a loss redoes)
         self.in_flight: deque[Batch] = deque()
 
     def poll_limit_ms(self, idle_ms: int) -> int:
@@ -255,7 +257,9 @@ class AtLeastOnceCommitter(Committer):
         points = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
         if wait:
             self.consumer.commit(offsets=points, asynchronous=False)
-        else:
+            if self.confirmed is not None:
+                self.confirmed(offsets)
+        else:  # acknowledged in the consumer's commit callback
             self.consumer.commit(offsets=points, asynchronous=True)
         self._committed_to(offsets)
 
@@ -362,6 +366,8 @@ class ExactlyOnceCommitter(Committer):
             self.in_flight.clear()
             self.txn_open_since = None
         self._committed_to(offsets)
+        if self.confirmed is not None:
+            self.confirmed(offsets)
 
     def _abort(self, exc: Exception) -> None:
         error = (

@@ -37,7 +37,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from functools import partial
 from typing import Any
 
@@ -56,6 +56,7 @@ from delayapp.core.audit import AuditEvent
 from delayapp.core.clock import GuardedClock
 from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending
 from delayapp.core.policies import Wait
+from delayapp.core.uncommitted import CommitPoint, written_not_committed
 from delayapp.engine.committer import (
     AtLeastOnceCommitter,
     Committer,
@@ -146,6 +147,12 @@ class HopLoop(Service):
             rewind=self._rewind,
         )
         self._pending_seeks: dict[PartitionKey, int | None] = {}
+        # the commit the broker holds for each partition (read at assignment, then each commit it
+        # confirmed): where a next owner starts, so what was written beyond it is written again
+        self._broker_commits: dict[PartitionKey, CommitPoint] = {}
+        # False where the broker drops offset-commit metadata (the embedded one; the worker probes
+        # it at start): records released ahead of a head are then written again by a next owner
+        self.commit_metadata_kept = True
         self._broken: BaseException | None = None  # an error inside a librdkafka callback: the loop reopens
         self._joined = False  # True from an assignment to the next revocation: the group is not rebalancing
         self._joined_at = 0.0  # monotonic s of the last assignment
@@ -344,6 +351,7 @@ class HopLoop(Service):
             clock=self.clock,
             rewind=self._rewind,
             pause=self._stopping.wait,
+            confirmed=self._confirm_commits,
         )
 
     def _close(self, *, clean: bool) -> None:
@@ -408,6 +416,7 @@ class HopLoop(Service):
             for tp in committed:
                 offset = tp.offset if tp.offset >= 0 else None
                 self.parts.adopt((tp.topic, tp.partition), offset, tp.metadata, now_s=now_s)
+                self._broker_commits[(tp.topic, tp.partition)] = (offset, tp.metadata or "")
                 starts.append(
                     TopicPartition(tp.topic, tp.partition, offset if offset is not None else OFFSET_BEGINNING)
                 )
@@ -428,7 +437,9 @@ class HopLoop(Service):
             except Exception as exc:
                 log.warning("%s: could not commit before the rebalance (%s); the next owner redoes it", self.label, exc)
                 committer.abandon()
-        self._forget([(tp.topic, tp.partition) for tp in partitions])
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        self._report_uncommitted(keys, "revoked")
+        self._forget(keys)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # The group moved on without us (session expired): nothing may be committed any more;
@@ -439,12 +450,16 @@ class HopLoop(Service):
         self._joined = False
         if self._committer is not None:
             self._committer.abandon()
-        self._forget([(tp.topic, tp.partition) for tp in partitions])
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        self._report_uncommitted(keys, "lost")
+        self._forget(keys)
 
     def _forget(self, keys: list[PartitionKey]) -> None:
         """Stop serving ``keys`` (revoked or lost): what was fetched for them is dropped."""
         with self._state_lock:
             self.parts.forget(keys)
+        for key in keys:
+            self._broker_commits.pop(key, None)
         if self._writer is not None:
             self._writer.forget(keys)
 
@@ -533,6 +548,7 @@ class HopLoop(Service):
         # librdkafka leaves a partition whose reset failed in an error state that refuses seeks:
         # assign every served partition again, this one from the start of its log, the others
         # from their commits (what was fetched since is fetched again)
+        self._report_uncommitted(self.assignment() - {key}, "rewound", to_broker_commit=False)
         with self._state_lock:
             if part is not None:
                 self.parts.adopt(key, None, None, now_s=time.monotonic())
@@ -563,6 +579,9 @@ class HopLoop(Service):
             self._writer.delivery_failed(error, message)
 
     def _committed(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        self._confirm_commits(
+            {(tp.topic, tp.partition): (tp.offset, tp.metadata or "") for tp in partitions if tp.error is None}
+        )
         if error is not None:
             # The group rebalanced meanwhile: the records were forwarded, the new owner forwards
             # them again (at-least-once; consumers de-duplicate by recordId).
@@ -606,11 +625,67 @@ class HopLoop(Service):
 
     def _rewind(self, partitions: set[PartitionKey]) -> None:
         """Drop what was fetched for ``partitions`` and fetch again from their last commit."""
+        self._report_uncommitted(partitions, "rewound", to_broker_commit=False)
         with self._state_lock:
             positions = self.parts.rewind(partitions, now_s=time.monotonic())
         self.stats.rewinds += len(positions)
         for key, position in positions.items():
             self._seek(key, position)
+
+    # -- what a loss makes the next owner write again --------------------------------------------
+
+    def _confirm_commits(self, offsets: dict[PartitionKey, tuple[int, str]]) -> None:
+        """The broker holds these commits now (a commit it acknowledged, or a committed transaction)."""
+        for key, (offset, metadata) in offsets.items():
+            held = self._broker_commits.get(key)
+            if offset >= 0 and (held is None or held[0] is None or offset >= held[0]):
+                self._broker_commits[key] = (offset, metadata)
+
+    def written_uncommitted_now(self) -> int:
+        """Records this loop wrote that the broker's commits do not cover yet: what its partitions'
+        next owners would write again if this worker died now (read from any thread)."""
+        commits = dict(self._broker_commits)  # a copy: the loop's thread updates it
+        with self._state_lock:
+            return sum(
+                written_not_committed(
+                    part,
+                    commits.get(key, (part.committed, part.committed_metadata)),
+                    metadata_kept=self.commit_metadata_kept,
+                )
+                for key, part in self.parts.parts.items()
+            )
+
+    def _report_uncommitted(self, keys: Iterable[PartitionKey], why: str, *, to_broker_commit: bool = True) -> int:
+        """Count, log and add to the stats the records of ``keys`` this loop wrote and did not
+        commit, which whoever serves them next writes again (the ceiling of the duplicates this
+        event causes under at_least_once): beyond the commit the broker holds (a partition lost or
+        revoked), or beyond the loop's own last commit (a rewind, which seeks there)."""
+        count = dropped_metadata = 0
+        with self._state_lock:
+            for key in keys:
+                part = self.parts.parts.get(key)
+                if part is None:
+                    continue
+                if to_broker_commit:
+                    commit = self._broker_commits.get(key, (part.committed, part.committed_metadata))
+                    count += written_not_committed(part, commit, metadata_kept=self.commit_metadata_kept)
+                    if not self.commit_metadata_kept:  # told apart: only the broker's dropped metadata re-sends these
+                        dropped_metadata += written_not_committed(part, commit, metadata_kept=False)
+                        dropped_metadata -= written_not_committed(part, commit, metadata_kept=True)
+                else:  # a rewind carries what the loop's own commit metadata says was released ahead
+                    count += written_not_committed(part, (part.committed, part.committed_metadata))
+        if count:
+            self.stats.written_uncommitted += count
+            log.warning(
+                "%s: %d records written and not committed (%s%s); whoever serves them next may write them again",
+                self.label,
+                count,
+                why,
+                f"; {dropped_metadata} of them released ahead, whose commit metadata the broker drops"
+                if dropped_metadata
+                else "",
+            )
+        return count
 
 
 class _AtLeastInfo(logging.LoggerAdapter[logging.Logger]):

@@ -145,7 +145,8 @@ class DelayEngine(Service):
             log.warning("allowed targets: * (any topic); set DELAYAPP_ALLOWED_TARGETS to restrict where records may go")
         await bootstrap_topics(s, self.layout)
         await probe_transactions(s, required=s.processing_guarantee is Guarantee.EXACTLY_ONCE)
-        if s.release_ahead and not await keeps_commit_metadata(s, self.layout.ingress):
+        metadata_kept = not s.release_ahead or await keeps_commit_metadata(s, self.layout.ingress)
+        if not metadata_kept:
             log.warning(
                 "broker capability: offset-commit metadata is NOT kept; records released ahead of a waiting "
                 "head may be released again after a rebalance or restart (at-least-once; de-duplicate by recordId)"
@@ -200,6 +201,7 @@ class DelayEngine(Service):
             hop_loop.before_decide = self.known_topics.ensure if s.check_target_exists else None
             hop_loop.targets_settled = self.known_topics.settled
             hop_loop.on_target_failed = self.known_topics.forget
+            hop_loop.commit_metadata_kept = metadata_kept  # its count of what a loss makes others redo
             await self.add_runtime_dependency(hop_loop)
         log.info(
             "delay engine started: ladder %s, guarantee %s, topics %s",

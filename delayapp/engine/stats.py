@@ -39,6 +39,9 @@ class LoopStats:
     rewinds: int = 0
     fenced: int = 0  # exactly_once transactions aborted because the group had replaced this member (KIP-447)
     skipped_by_retention: int = 0  # records deleted by retention before they were forwarded (an alarm)
+    # records written and not committed when partitions were lost, revoked or rewound: the
+    # ceiling of the duplicates those events cause (at_least_once; see core.uncommitted)
+    written_uncommitted: int = 0
     delivered_by_target: Counter[str | None] = field(default_factory=Counter)
     dead_letters_by_reason: Counter[str | None] = field(default_factory=Counter)
     recent: deque[tuple[int, str, int | None]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
@@ -86,6 +89,8 @@ def loop_figures(hop_loop: Any, lag: dict[str, int], *, now_ms: int, window_ms: 
         "pending": {topic: lag.get(topic) for topic in hop_loop.topics},
         "oldest_due_at": min(due_times) if due_times else None,
         "partitions_waiting": sum(1 for t in due_times if t > now_ms),
+        # written and not yet committed: what the next owners would write again were this worker to die now
+        "written_uncommitted_now": hop_loop.written_uncommitted_now(),
         **window_figures(list(stats.recent), now_ms=now_ms, window_ms=window_ms),
         "totals": {
             "consumed": stats.consumed,
@@ -101,6 +106,8 @@ def loop_figures(hop_loop: Any, lag: dict[str, int], *, now_ms: int, window_ms: 
             "fenced": stats.fenced,
             # records retention deleted before they were forwarded: must stay 0 (an alarm)
             "skipped_by_retention": stats.skipped_by_retention,
+            # written, then given up uncommitted (lost, revoked, rewound): at most this many re-sent
+            "written_uncommitted": stats.written_uncommitted,
         },
     }
 

@@ -8,6 +8,10 @@ be used (a variable missing, nothing answering at the address); the test skips w
 
 ``SASL``: a SASL_SSL listener with SCRAM-SHA-512 (``_USER``, ``_PASSWORD``, ``_CA_FILE``: the CA
 that signed the listener's certificate; ``_MECHANISM`` defaults to SCRAM-SHA-512).
+
+``WORKER<n>``: the chaos harness's listener for worker slot ``n`` (``_ADVERTISED``: the address it
+advertises, where the harness's proxy for that slot listens); read and probed by
+:mod:`delayapp.dev.chaos.listeners`, which the harness itself uses.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import os
 import sys
 
 from delayapp.dev.chaos.harness import ChaosConfig, ChaosRun, result_json
+from delayapp.dev.chaos.listeners import worker_listeners
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--broker",
         default=os.environ.get("DELAYAPP_TEST_BROKER"),
-        help="an existing broker (no network cuts then); its SASL/TLS settings come from the DELAYAPP_* "
-        "environment, as a worker's do",
+        help="an existing broker; its SASL/TLS settings come from the DELAYAPP_* environment, as a worker's do. "
+        "Network cuts need one listener per worker on it, named by DELAYAPP_TEST_WORKER<n>_BROKER and "
+        "DELAYAPP_TEST_WORKER<n>_ADVERTISED (docs/guarantees.md); without them the run has none and says why",
     )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--json", default="chaos-result.json", help="where to write the result")
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         guarantee=args.guarantee,
         broker=args.broker,
         seed=args.seed,
+        worker_listeners=worker_listeners(defaults.workers) if args.broker else None,
     )
     result = asyncio.run(ChaosRun(config).run())
     print(result.table())

@@ -13,11 +13,15 @@ import threading
 
 
 class CuttableProxy:
-    """Forwards ``listen_port`` to ``upstream_host:upstream_port`` until told to cut."""
+    """Forwards ``host:listen_port`` to ``upstream_host:upstream_port`` (``upstream_host``: ``host``
+    unless given) until told to cut."""
 
-    def __init__(self, listen_port: int, upstream_port: int, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, listen_port: int, upstream_port: int, host: str = "127.0.0.1", upstream_host: str | None = None
+    ) -> None:
         self.host = host
         self.listen_port = listen_port
+        self.upstream_host = upstream_host or host
         self.upstream_port = upstream_port
         self._loop = asyncio.new_event_loop()
         self._flowing: asyncio.Event | None = None
@@ -39,7 +43,7 @@ class CuttableProxy:
         assert self._flowing is not None
         await self._flowing.wait()
         try:
-            up_reader, up_writer = await asyncio.open_connection(self.host, self.upstream_port)
+            up_reader, up_writer = await asyncio.open_connection(self.upstream_host, self.upstream_port)
         except OSError:
             client_writer.close()
             return
