@@ -108,7 +108,7 @@ class PartitionState:
                 self._point = None
             else:
                 heappush(wakes, (_wake_key(entry.awake_at), entry.offset, entry))
-        self._pop_released()
+        self.pop_released()
         if self.wait_until is not None:  # a newcomer may be due before the record it queues behind
             pending = [e.awake_at or 0 for e in added if not e.released]
             if pending:
@@ -180,15 +180,9 @@ class PartitionState:
             if entry.awake_at is not None and entry.awake_at > now:
                 self.wait_until = entry.awake_at
                 break
-            step = handle(entry, now)
-            self.progress_s = now_s
-            until = getattr(step, "until_ms", None)
-            if until is not None:
-                self._wait(entry, until)
-                self.wait_until = until
+            if not self._take(entry, now, handle, now_s, done):
+                self.wait_until = entry.awake_at
                 break
-            self._released(entry)
-            done.append((entry, step))
             if clock is not None and not len(done) % CLOCK_EVERY:
                 now = clock()
         self._trim_wakes()
@@ -215,15 +209,7 @@ class PartitionState:
                     heappush(wakes, (_wake_key(rest.awake_at), rest.offset, rest))
                 capped = True
                 break
-            step = handle(entry, now)
-            self.progress_s = now_s
-            until = getattr(step, "until_ms", None)
-            if until is not None:
-                self._wait(entry, until)
-                continue
-            self._released(entry)
-            done.append((entry, step))
-            if clock is not None and not len(done) % CLOCK_EVERY:
+            if self._take(entry, now, handle, now_s, done) and clock is not None and not len(done) % CLOCK_EVERY:
                 now = clock()
         if capped:  # nothing behind the head may go before it does
             self.wait_until = self.queue[0].awake_at if self.queue else None
@@ -232,17 +218,30 @@ class PartitionState:
             self.wait_until = wakes[0][0] if wakes else None
         return done
 
-    def _wait(self, entry: Pending, until: int) -> None:
-        """``entry`` is not due before ``until`` (the handler said so)."""
-        entry.awake_at = until
-        heappush(self._wakes, (until, entry.offset, entry))
-
-    def _released(self, entry: Pending) -> None:
+    def _take(
+        self,
+        entry: Pending,
+        now: int,
+        handle: Callable[[Pending, int], Any],
+        now_s: float,
+        done: list[tuple[Pending, Any]],
+    ) -> bool:
+        """Ask ``handle`` for ``entry``'s step: True when it is released (appended to ``done``),
+        False when the step says wait (its ``awakeAt`` is then the step's ``until_ms``)."""
+        step = handle(entry, now)
+        self.progress_s = now_s
+        until = getattr(step, "until_ms", None)
+        if until is not None:
+            entry.awake_at = until
+            heappush(self._wakes, (until, entry.offset, entry))
+            return False
         entry.released = True
         self._ahead.add(entry.offset)
         self._point = None
         if self.queue[0] is entry:
-            self._pop_released()
+            self.pop_released()
+        done.append((entry, step))
+        return True
 
     def _trim_wakes(self) -> None:
         """Drop the heap's stale items at its top, and rebuild it when they are most of it."""
@@ -253,7 +252,9 @@ class PartitionState:
             self._wakes = [(_wake_key(e.awake_at), e.offset, e) for e in self.queue if not e.released]
             heapify(self._wakes)
 
-    def _pop_released(self) -> bool:
+    def pop_released(self) -> bool:
+        """Drop released records from the front of the queue; True if any were dropped (a pass
+        and :meth:`add` drop them as they reach the front)."""
         popped = False
         queue = self.queue
         while queue and queue[0].released:
@@ -265,11 +266,6 @@ class PartitionState:
         if popped:
             self._point = None
         return popped
-
-    def pop_released(self) -> bool:
-        """Drop released records from the front of the queue; True if any were dropped (a pass
-        already drops them as it releases them: this is for callers that mark records themselves)."""
-        return self._pop_released()
 
     def commit_point(self) -> tuple[int, str] | None:
         """The position and metadata to commit now, or None when nothing changed since the last commit.
@@ -393,7 +389,6 @@ class AssignedPartitions:
             )
             new_waits += part.wait_until is not None and not was_waiting
             batch.extend((key, entry, outputs) for entry, outputs in done)
-            part.pop_released()
             point = part.commit_point()
             if point is not None and point != self._decided.get(key):
                 offsets[key] = self._decided[key] = point
