@@ -20,6 +20,7 @@ from delayapp.core.durations import format_duration, parse_duration
 from delayapp.core.headers import is_topic_name
 from delayapp.core.ladder import DEFAULT_LADDER, Ladder
 from delayapp.core.layout import TopicLayout
+from delayapp.core.planner import Planner
 from delayapp.core.throttle import TargetRate, parse_rates
 from delayapp.errors import ConfigError
 
@@ -163,6 +164,12 @@ class Settings(BaseSettings):
         ge=0,
         description="how long before they wake a delay topic's records are fetched, beyond the smallest "
         "denomination: a loop holds what falls due soon, not the backlog (duration)",
+    )
+    max_queued_records: int = Field(
+        16_384,
+        ge=1,
+        description="fetched records one loop holds at most, released ahead or not yet due, shared among its "
+        "partitions (two batches each at least): enough for what falls due within the read-ahead, in any order",
     )
     max_queued_bytes: int = Field(
         64 * 1_048_576,
@@ -311,6 +318,17 @@ class Settings(BaseSettings):
     def ladder(self) -> Ladder:
         """The validated ladder (raises ConfigError when empty, unsorted or duplicated)."""
         return Ladder.parse(self.denominations)
+
+    @property
+    def partial_window_ms(self) -> int | None:
+        """The largest denomination a partial last hop of any length may use: the loops' read-ahead
+        horizon (the smallest denomination + ``read_ahead``) while they release ahead, else None
+        (a partial hop only where the records before it can hold it up by less than the smallest)."""
+        return self.ladder.smallest + self.read_ahead if self.release_ahead else None
+
+    def planner(self) -> Planner:
+        """A hop planner for this ladder and read-ahead (build once: its table takes a moment)."""
+        return Planner(self.ladder, partial_window_ms=self.partial_window_ms)
 
     @cached_property
     def rates(self) -> tuple[TargetRate, ...]:

@@ -9,10 +9,11 @@ here, so it is unit-tested with a fixed clock; the loop only moves records.
 Release ahead: records behind a head that is not due are released as soon as they are due,
 out of order. Kafka commits one position per partition, so the commit stays at the first
 record not yet released and the offsets released beyond it travel in the commit metadata
-(:mod:`delayapp.core.released`). A new owner reads them back (``carried``) and skips those
-records when it fetches them again. Offsets carried that were not fetched yet stay in every
-commit's metadata until the position passes them, so a commit made right after a rebalance
-never forgets them.
+(:mod:`delayapp.core.released`: a bitmap from the commit point, kept up to date as records are
+released, so a commit point costs a copy of a few hundred bytes however many went ahead). A
+new owner reads them back (``carried``) and skips those records when it fetches them again.
+Offsets carried that were not fetched yet stay in every commit's metadata until the position
+passes them, so a commit made right after a rebalance never forgets them.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ from functools import partial
 from heapq import heapify, heappop, heappush
 from typing import Any, Protocol
 
-from delayapp.core.released import decode_released, encode_released
+from delayapp.core.released import MAX_RELEASED_SPAN, decode_released, encode_bitmap
 
-MAX_RELEASED_AHEAD = 300  # per partition; keeps the commit metadata far below Kafka's 4 KB
 CLOCK_EVERY = 32  # records handled between two readings of the clock in one release pass
 AWAKE_SLACK_MS = 1_000  # how far beyond its denomination an awakeAt may lie (writers' clocks differ a little)
 
@@ -92,6 +92,13 @@ class PartitionState:
         self._ahead: set[int] = set()  # offsets of released records still in the queue (behind its head)
         self._wakes: list[tuple[int, int, Pending]] = []  # (awakeAt or NO_WAIT, offset, record) not released
         self._point: tuple[int, str] | None = None  # the commit point, until something moves it
+        # Offsets released beyond the head (and carried), as bits from ``_bits_base``; ``_bits_top``
+        # is the highest set. Bits below the commit point are stale and ignored.
+        self._bits = bytearray()
+        self._bits_base = committed or 0
+        self._bits_top = -1
+        for offset in self.carried:
+            self._mark(offset)
 
     # -- fetching --------------------------------------------------------------------------------
 
@@ -162,7 +169,8 @@ class PartitionState:
         now_s: float = 0.0,
     ) -> list[tuple[Pending, Any]]:
         """Process every queued record that is due, in offset order, and ahead of a waiting head
-        when ``release_ahead`` (at most :data:`MAX_RELEASED_AHEAD` beyond the commit point).
+        when ``release_ahead`` (up to :data:`~delayapp.core.released.MAX_RELEASED_SPAN` offsets
+        beyond the commit point).
 
         ``handle(entry, now)`` returns a step with ``until_ms`` (not due: wait) or the outputs of
         the record; the pairs (entry, outputs) are returned in order. Afterwards the partition
@@ -204,7 +212,7 @@ class PartitionState:
         done: list[tuple[Pending, Any]] = []
         capped = False
         for index, entry in enumerate(due):
-            if self.queue[0] is not entry and len(self._ahead) >= MAX_RELEASED_AHEAD:
+            if self.queue[0] is not entry and entry.offset - self.queue[0].offset >= MAX_RELEASED_SPAN:
                 for rest in due[index:]:  # they stay due: handled once the head goes
                     heappush(wakes, (_wake_key(rest.awake_at), rest.offset, rest))
                 capped = True
@@ -240,8 +248,24 @@ class PartitionState:
         self._point = None
         if self.queue[0] is entry:
             self.pop_released()
+        else:
+            head = self.queue[0].offset
+            if self._bits_top < head:  # nothing beyond the head in the bitmap: start it at the head
+                self._bits, self._bits_base = bytearray(), head
+            self._mark(entry.offset)
         done.append((entry, step))
         return True
+
+    def _mark(self, offset: int) -> None:
+        """Set ``offset``'s bit in the released-ahead bitmap (``offset`` >= its base)."""
+        index = offset - self._bits_base
+        byte = index >> 3
+        bits = self._bits
+        if byte >= len(bits):
+            bits.extend(bytes(byte - len(bits) + 256))
+        bits[byte] |= 1 << (index & 7)
+        if offset > self._bits_top:
+            self._bits_top = offset
 
     def _trim_wakes(self) -> None:
         """Drop the heap's stale items at its top, and rebuild it when they are most of it."""
@@ -281,9 +305,23 @@ class PartitionState:
                 return None
             if self.carried:
                 self.carried = {o for o in self.carried if o >= position}
-            released = self.carried | self._ahead if self.carried else self._ahead
-            point = self._point = (position, encode_released(position, released) if released else "")
+            point = self._point = (position, self._released_metadata(position))
         return None if point == (self.committed, self.committed_metadata) else point
+
+    def _released_metadata(self, position: int) -> str:
+        """The bitmap of the offsets released beyond ``position``, as commit metadata."""
+        if self._bits_top < position:  # nothing released beyond: start the bitmap afresh
+            if self._bits:
+                self._bits, self._bits_base = bytearray(), position
+            return ""
+        index = position - self._bits_base
+        start = index >> 3
+        if start >= 4_096:  # the bits behind the point are stale: drop them now and then
+            del self._bits[:start]
+            self._bits_base += 8 * start
+            index, start = index & 7, 0
+        end = ((self._bits_top - self._bits_base) >> 3) + 1
+        return encode_bitmap(int.from_bytes(self._bits[start:end], "little") >> (index & 7))
 
     def committed_to(self, offset: int, metadata: str) -> None:
         """Record a successful commit (the point a rewind returns to)."""
@@ -300,6 +338,9 @@ class PartitionState:
         self._ahead.clear()
         self._wakes.clear()
         self._point = None
+        self._bits, self._bits_base, self._bits_top = bytearray(), self.committed or 0, -1
+        for offset in self.carried:
+            self._mark(offset)
         return self.committed
 
 
@@ -434,18 +475,21 @@ class AssignedPartitions:
     # -- fetching --------------------------------------------------------------------------------
 
     def wanted_pauses(
-        self, now: int, *, max_records: int, max_bytes: int, horizon_ms: int | None = None
+        self, now: int, *, max_records: int, max_bytes: int, horizon_ms: int | None = None, min_records: int = 0
     ) -> set[PartitionKey]:
         """The partitions whose fetching must stop for now (see :meth:`PartitionState.should_pause`);
-        ``max_bytes`` is the loop's budget, shared equally among its partitions."""
-        byte_budget = max_bytes // max(1, len(self.parts))
+        ``max_records`` and ``max_bytes`` are the loop's budgets, shared equally among its
+        partitions (each may hold ``min_records`` at least)."""
+        shares = max(1, len(self.parts))
+        byte_budget = max_bytes // shares
+        record_budget = max(min_records, max_records // shares)
         return {
             key
             for key, part in self.parts.items()
             if part.should_pause(
                 now,
                 release_ahead=self.release_ahead,
-                max_records=max_records,
+                max_records=record_budget,
                 max_bytes=byte_budget,
                 horizon_ms=horizon_ms,
             )

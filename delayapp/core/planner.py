@@ -4,9 +4,13 @@ A plan is a list of *full* hops (a record enqueued on topic ``d`` wakes exactly 
 after enqueue) followed by at most one *partial* final hop, whose ``awakeAt`` is the
 release time itself rather than the next multiple of a denomination. Partition order
 is by enqueue time, so a partial hop of length ``p`` on topic ``d`` can be held up by
-the records ahead of it by at most ``d - p``; the planner only allows a partial hop
-where that head-of-line risk is below the smallest denomination (the paper's
-worst-case lateness) and usually it is zero.
+the records ahead of it by at most ``d - p``; the planner allows a partial hop where that
+head-of-line risk is below the smallest denomination (the paper's worst-case lateness),
+and, given a ``partial_window_ms``, of any length on a topic of at most that denomination:
+the loops fetch such a topic's records as they arrive (it lies within their read-ahead) and
+release each one when due, ahead of the records before it, so nothing holds it up. Fewer
+hops: on ``100ms,1s,5s`` a delay of 2.35 s is 1s, 1s and a partial 350 ms on 1s (3 hops),
+not 1s, 1s, 3 x 100ms and a partial 50 ms (6).
 
 Minimality is exact for any ladder, not only canonical coin systems where greedy
 change-making happens to be optimal ({1,3,4} for 6 is 3+3, not 4+1+1). The table of
@@ -60,10 +64,14 @@ class Hop:
 
 
 class Planner:
-    """Minimal-hop planner for one ladder; build once, then plan in O(len(ladder)) per call."""
+    """Minimal-hop planner for one ladder; build once, then plan in O(len(ladder)) per call.
 
-    def __init__(self, ladder: Ladder) -> None:
+    ``partial_window_ms``: a partial last hop of any length may go on a denomination up to this
+    (the loops' read-ahead horizon while they release ahead; None: only the paper's rule)."""
+
+    def __init__(self, ladder: Ladder, *, partial_window_ms: int | None = None) -> None:
         self.ladder = ladder
+        self.partial_window_ms = partial_window_ms
         ds = ladder.denominations
         self.unit = reduce(math.gcd, ds)
         self._coins = tuple(d // self.unit for d in ds)
@@ -116,11 +124,15 @@ class Planner:
         exact = self.full_hop_count(remaining_ms)
         if exact is not None:
             best = ((exact, -1), remaining_ms, None)
-        smallest = self.ladder.smallest
+        smallest, window = self.ladder.smallest, self.partial_window_ms
         for d in self.ladder.denominations:
-            # partial length p in (d - smallest, d] and p <= remaining: full part F = R - p
+            # partial length p in (d - smallest, d] (any p in (0, d] within the window) and
+            # p <= remaining: full part F = R - p
             low = max(remaining_ms - d, 0)
-            high = min(remaining_ms - d + smallest, remaining_ms)  # exclusive
+            if window is not None and d <= window:
+                high = remaining_ms  # exclusive
+            else:
+                high = min(remaining_ms - d + smallest, remaining_ms)
             first = -(-low // self.unit) * self.unit
             for full in range(first, high, self.unit):
                 n = self.full_hop_count(full)
@@ -161,9 +173,10 @@ class Planner:
         ``r`` is 0: the candidate full amounts are the multiples of the unit in
         ``[R - d, R - d + smallest)`` for each denomination ``d``, which for ``r > 0`` are
         ``qu - d + u ... qu - d + smallest`` whatever ``r`` is (and ``smallest`` is a multiple
-        of ``u``); the tie-break compares ``d + full`` (``R`` is common to all), and an exact
-        full-hop plan exists only when ``r == 0``. What is remembered is the denomination and
-        the full amount; a partial hop's duration is ``remaining - full``.
+        of ``u``), or in ``[R - d, R)`` within the partial window, ``qu - d + u ... qu``; the
+        tie-break compares ``d + full`` (``R`` is common to all), and an exact full-hop plan
+        exists only when ``r == 0``. What is remembered is the denomination and the full amount;
+        a partial hop's duration is ``remaining - full``.
         """
         if remaining_ms <= 0:
             return None
@@ -201,11 +214,11 @@ class Planner:
         Then a delay of ``q`` units and a remainder ``0 < r < unit`` needs exactly the full hops
         of ``q + 1`` units: its partial last hop on ``d`` must be ``d - unit + r`` long (the full
         part is whole units and the head-of-line risk below ``unit``), so its count is
-        ``1 + min over d of n(q + 1 - d)``, which is ``n(q + 1)``. Other ladders are planned one
-        delay at a time.
+        ``1 + min over d of n(q + 1 - d)``, which is ``n(q + 1)``. Other ladders, and planners
+        with a partial window, are planned one delay at a time.
         """
         delays = np.asarray(delays, dtype=np.int64)
-        if self.ladder.smallest != self.unit:
+        if self.ladder.smallest != self.unit or self.partial_window_ms is not None:
             return np.fromiter((self.hop_count(int(d)) for d in delays), dtype=np.int64, count=len(delays))
         units = np.maximum(-(-delays // self.unit), 0)  # rounded up; due or past: no hop
         largest = self._coins[-1]

@@ -3,42 +3,68 @@
 Due records behind a head that is not due yet are released out of order. The committed
 offset stays at the head (Kafka commits a single position), and the offsets already released
 beyond it travel in the commit's metadata string, so a restarted or new owner skips them
-instead of releasing them twice. Kafka keeps up to 4096 bytes of metadata by default;
-:data:`MAX_METADATA_CHARS` keeps well below that, and a loop stops releasing ahead of a
-partition's head while its set would not fit.
+instead of releasing them twice.
+
+The set is written as a bitmap from the commit point (bit ``i``: offset ``commit + i``),
+little-endian, in base64: ``released~<base64>``. Its size depends on the span from the commit
+point to the last offset released, not on how many were released, so a partition whose records
+leave in any order (a last partial hop on a topic read ahead) can hold thousands released ahead
+in a few hundred bytes. Kafka keeps up to 4096 bytes of metadata by default;
+:data:`MAX_RELEASED_SPAN` keeps the bitmap below :data:`MAX_METADATA_CHARS`, and a loop stops
+releasing ahead of a partition's head beyond it. Commits written by earlier releases as ranges
+of deltas (``released:3-5,9``) are still read.
 """
 
 from __future__ import annotations
 
-PREFIX = "released:"
+import base64
+import binascii
+
+PREFIX = "released~"
+RANGES_PREFIX = "released:"  # the format of earlier releases: read, never written
 MAX_METADATA_CHARS = 3_000
+MAX_RELEASED_SPAN = 16_384  # offsets from the commit point: a 2,048-byte bitmap, 2,741 characters
+
+
+def encode_bitmap(bits: int) -> str:
+    """Metadata for a bitmap of released offsets (bit ``i``: the commit point + ``i``); "" for none."""
+    if not bits:
+        return ""
+    return PREFIX + base64.b64encode(bits.to_bytes((bits.bit_length() + 7) >> 3, "little")).decode("ascii")
 
 
 def encode_released(commit_offset: int, released: set[int]) -> str:
-    """Metadata for ``released`` offsets beyond ``commit_offset``, as ranges of deltas: ``released:3-5,9``."""
-    deltas = sorted(o - commit_offset for o in released if o >= commit_offset)
-    if not deltas:
-        return ""
-    parts, start, prev = [], deltas[0], deltas[0]
-    for delta in deltas[1:]:
-        if delta == prev + 1:
-            prev = delta
-            continue
-        parts.append(f"{start}-{prev}" if prev > start else f"{start}")
-        start = prev = delta
-    parts.append(f"{start}-{prev}" if prev > start else f"{start}")
-    return PREFIX + ",".join(parts)
+    """Metadata for ``released`` offsets beyond ``commit_offset`` (those at or below it are
+    committed already); "" when none is beyond."""
+    bits = 0
+    for offset in released:
+        if offset >= commit_offset:
+            bits |= 1 << (offset - commit_offset)
+    return encode_bitmap(bits)
 
 
 def decode_released(commit_offset: int, metadata: str | None) -> set[int]:
     """The released offsets a commit's metadata names (empty for anything unrecognised)."""
-    if not metadata or not metadata.startswith(PREFIX):
+    if not metadata:
         return set()
-    out: set[int] = set()
-    try:
-        for part in metadata[len(PREFIX) :].split(","):
-            low, _, high = part.partition("-")
-            out.update(range(commit_offset + int(low), commit_offset + int(high or low) + 1))
-    except ValueError:
-        return set()
-    return out
+    if metadata.startswith(PREFIX):
+        try:
+            data = base64.b64decode(metadata[len(PREFIX) :], validate=True)
+        except (binascii.Error, ValueError):
+            return set()
+        out: set[int] = set()
+        for index, byte in enumerate(data):
+            if byte:
+                base = commit_offset + 8 * index
+                out.update(base + bit for bit in range(8) if byte >> bit & 1)
+        return out
+    if metadata.startswith(RANGES_PREFIX):
+        out = set()
+        try:
+            for part in metadata[len(RANGES_PREFIX) :].split(","):
+                low, _, high = part.partition("-")
+                out.update(range(commit_offset + int(low), commit_offset + int(high or low) + 1))
+        except ValueError:
+            return set()
+        return out
+    return set()

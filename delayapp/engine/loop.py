@@ -596,8 +596,9 @@ class HopLoop(Service):
         with self._state_lock:
             want = self.parts.wanted_pauses(
                 self.clock(),
-                max_records=2 * self.settings.max_batch,
+                max_records=self.settings.max_queued_records,
                 max_bytes=self.settings.max_queued_bytes,
+                min_records=2 * self.settings.max_batch,
                 horizon_ms=self._horizon_ms,
             )
             pause, resume = want - self.parts.paused, self.parts.paused - want

@@ -23,7 +23,6 @@ from mode import Service
 
 from delayapp.core.clock import GuardedClock, monotonic_ms, now_ms
 from delayapp.core.layout import TopicLayout
-from delayapp.core.planner import Planner
 from delayapp.core.policies import Policy
 from delayapp.core.throttle import DeliverySlots
 from delayapp.engine.bootstrap import bootstrap_topics, keeps_commit_metadata, probe_transactions
@@ -108,7 +107,7 @@ class DelayEngine(Service):
         self.layout = settings.topic_layout()
         self._extra_loops = extra_loops
         started = time.monotonic()
-        self.planner = Planner(settings.ladder)
+        self.planner = settings.planner()
         log.info("planner ready for ladder %s in %.0f ms", settings.ladder, (time.monotonic() - started) * 1000)
         self.policy = build_policy(settings, self.layout)
         self.known_topics = KnownTopics(settings.kafka_client_kwargs())

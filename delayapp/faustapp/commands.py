@@ -21,7 +21,6 @@ from tqdm import tqdm
 from delayapp.core.clock import now_ms
 from delayapp.core.durations import format_duration, parse_duration
 from delayapp.core.instants import AGO, FROM_NOW, format_instant, parse_instant
-from delayapp.core.planner import Planner
 from delayapp.core.policies import Reason
 from delayapp.core.replay import ReplayFilter
 from delayapp.engine.connect import check_broker_access
@@ -143,7 +142,7 @@ async def plan(self: Any, delay: str) -> None:
     """Print the hops a delay (1h19m, 90s, or ms) takes on the configured ladder."""
     async with _exit_codes():
         delay_ms = parse_duration(delay)
-    planner = Planner(settings.ladder)
+    planner = settings.planner()
     self.say(f"ladder {settings.ladder} (DELAYAPP_DENOMINATIONS), max delay {format_duration(settings.max_delay)}")
     self.say(render.plan_text(delay_ms, planner.plan(delay_ms)))
     self.say(

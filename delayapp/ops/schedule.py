@@ -11,7 +11,7 @@ from delayapp.core import headers as h
 from delayapp.core.clock import now_ms
 from delayapp.core.errors import ScheduleError
 from delayapp.core.layout import TopicLayout
-from delayapp.core.planner import Hop, Planner
+from delayapp.core.planner import Hop
 from delayapp.core.policies import stable_record_id
 from delayapp.core.schedule import PRIORITY_NORMAL, ScheduleRequest
 from delayapp.ops.errors import CommandError
@@ -79,5 +79,5 @@ async def schedule_record(
     assigned = record_id is None
     # Without an id the router derives it from where the record entered: the same formula here
     rid = record_id or stable_record_id(meta.topic, meta.partition, meta.offset, meta.timestamp)
-    plan = Planner(settings.ladder).plan(due - sent_at)
+    plan = settings.planner().plan(due - sent_at)
     return Scheduled(rid, assigned, meta.topic, meta.partition, meta.offset, due, due - sent_at, plan)

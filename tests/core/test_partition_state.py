@@ -8,8 +8,8 @@ from unittest import mock
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayapp.core.partition import MAX_RELEASED_AHEAD, PartitionState, Pending
-from delayapp.core.released import decode_released, encode_released
+from delayapp.core.partition import PartitionState, Pending
+from delayapp.core.released import MAX_METADATA_CHARS, MAX_RELEASED_SPAN, decode_released, encode_released
 from tests.support.partitions import NOW, ScanningPartition, fetched
 
 
@@ -61,8 +61,35 @@ def test_a_handler_wait_holds_the_record_until_then() -> None:
 
 def test_release_ahead_stops_at_the_metadata_bound() -> None:
     part = PartitionState(0)
-    part.add(fetched(*range(MAX_RELEASED_AHEAD + 50), awake={0: NOW + 5_000}))
-    assert len(handled_offsets(part)) == MAX_RELEASED_AHEAD
+    part.add(fetched(*range(MAX_RELEASED_SPAN + 50), awake={0: NOW + 5_000}))
+    assert handled_offsets(part) == list(range(1, MAX_RELEASED_SPAN))
+    position, metadata = part.commit_point() or (None, "")
+    assert position == 0 and len(metadata) < MAX_METADATA_CHARS
+    assert decode_released(0, metadata) == set(range(1, MAX_RELEASED_SPAN))
+    assert handled_offsets(part, NOW + 5_000) == [0, *range(MAX_RELEASED_SPAN, MAX_RELEASED_SPAN + 50)]
+    assert part.commit_point() == (MAX_RELEASED_SPAN + 50, "")
+
+
+def test_thousands_released_in_any_order_are_named_by_each_commit_point() -> None:
+    """A last partial hop on a topic read ahead: records leave in the order of their due times,
+    not their offsets; every commit point names exactly what went beyond it, a restarted owner
+    skips exactly those."""
+    waits = [(offset * 7_919) % 1_000 for offset in range(4_000)]  # 0..999 ms, shuffled
+    part = PartitionState(1_000)
+    part.add(fetched(*range(1_000, 5_000), awake={1_000 + o: NOW + w for o, w in enumerate(waits)}))
+    released: set[int] = set()
+    for now in range(NOW, NOW + 1_000, 37):
+        released.update(handled_offsets(part, now))
+        position, metadata = part.commit_point() or (part.committed, part.committed_metadata)
+        assert decode_released(position, metadata) == {o for o in released if o >= position}
+        assert metadata == encode_released(position, released)
+        successor = PartitionState(position, metadata)
+        successor.add(fetched(*range(position, 5_000)))
+        assert not {e.offset for e in successor.queue if not e.released} & released
+        part.committed_to(position, metadata)
+    released.update(handled_offsets(part, NOW + 1_000))
+    assert released == set(range(1_000, 5_000))
+    assert (part.commit_point() or (part.committed, part.committed_metadata)) == (5_000, "")
 
 
 def test_offsets_released_by_a_predecessor_are_skipped_when_fetched_again() -> None:
@@ -190,7 +217,7 @@ def test_a_partition_pauses_once_its_last_fetched_record_wakes_beyond_the_horizo
     # each record: (its wait in steps of 100 ms, whether the handler makes it wait once more)
     st.lists(st.tuples(st.integers(0, 6), st.booleans()), min_size=1, max_size=60),
     st.integers(1, 8),  # records fetched per batch
-    st.integers(2, 12),  # the release-ahead bound
+    st.integers(2, 40),  # the release-ahead bound (a span of offsets from the head)
     st.booleans(),  # release ahead
 )
 def test_the_indexed_partition_releases_what_a_full_scan_releases(
@@ -216,7 +243,7 @@ def test_the_indexed_partition_releases_what_a_full_scan_releases(
     seen_indexed: set[int] = set()
     seen_reference: set[int] = set()
     offsets = list(awake)
-    with mock.patch("delayapp.core.partition.MAX_RELEASED_AHEAD", cap):
+    with mock.patch("delayapp.core.partition.MAX_RELEASED_SPAN", cap):
         for tick, now in enumerate(range(NOW, NOW + 1_500, 50)):
             batch = offsets[tick * per_fetch : (tick + 1) * per_fetch]
             indexed.add(fetched(*batch, awake=awake))

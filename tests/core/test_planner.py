@@ -13,9 +13,10 @@ from delayapp.core.ladder import DEFAULT_LADDER, Ladder
 from delayapp.core.planner import Hop, Planner, greedy_plan
 
 
-def brute_force_min_hops(ladder: tuple[int, ...], remaining: int) -> int:
+def brute_force_min_hops(ladder: tuple[int, ...], remaining: int, window: int | None = None) -> int:
     """Independent reference: every split into full hops (naive DP over all amounts) plus an
-    optional partial final hop of length p on topic d with d - p < smallest."""
+    optional partial final hop of length p on topic d with d - p < smallest, or with d within
+    ``window``."""
 
     @cache
     def full(amount: int) -> float:
@@ -35,7 +36,7 @@ def brute_force_min_hops(ladder: tuple[int, ...], remaining: int) -> int:
         p = remaining - f
         if p == 0:
             best = min(best, n)
-        elif any(p <= d and d - p < ladder[0] for d in ladder):
+        elif any(p <= d and (d - p < ladder[0] or (window is not None and d <= window)) for d in ladder):
             best = min(best, n + 1)
     return int(best)
 
@@ -44,11 +45,38 @@ ladders = st.lists(st.integers(1, 30), min_size=1, max_size=4, unique=True).map(
 
 
 @settings(max_examples=300, deadline=None)
-@given(ladder=ladders, remaining=st.integers(1, 120))
-def test_hop_count_is_minimal_against_brute_force(ladder: tuple[int, ...], remaining: int) -> None:
-    planner = Planner(Ladder.of(ladder))
+@given(ladder=ladders, remaining=st.integers(1, 120), window=st.none() | st.integers(1, 40))
+def test_hop_count_is_minimal_against_brute_force(ladder: tuple[int, ...], remaining: int, window: int | None) -> None:
+    planner = Planner(Ladder.of(ladder), partial_window_ms=window)
     plan = planner.plan(remaining)
-    assert len(plan) == brute_force_min_hops(ladder, remaining)
+    assert len(plan) == brute_force_min_hops(ladder, remaining, window) == planner.hop_count(remaining)
+    assert sum(hop.duration_ms for hop in plan) == remaining
+    assert all(hop.head_of_line_risk_ms < ladder[0] or (window and hop.denomination_ms <= window) for hop in plan)
+    assert len(plan) <= len(Planner(Ladder.of(ladder)).plan(remaining))
+
+
+@settings(max_examples=200, deadline=None)
+@given(ladder=ladders, window=st.integers(1, 40), remainings=st.lists(st.integers(1, 300), min_size=1, max_size=30))
+def test_next_hop_within_a_partial_window_is_the_first_hop_of_its_plan(ladder, window, remainings) -> None:
+    """The remembered next-hop choice holds with a window too, whichever delays came before."""
+    planner = Planner(Ladder.of(ladder), partial_window_ms=window)
+    for remaining in remainings:
+        assert planner.next_hop(remaining) == planner.plan(remaining)[0]
+
+
+def test_a_partial_hop_within_the_read_ahead_saves_the_small_hops() -> None:
+    short = Ladder.parse("100ms,1s,5s")
+    assert Planner(short, partial_window_ms=2_100).plan(2_350) == [Hop(1_000, 1_000), Hop(1_000, 1_000), Hop(1_000, 350)]
+    assert len(Planner(short).plan(2_350)) == 6  # 1s, 1s, 3 x 100ms and a partial 50 ms
+
+
+def test_the_default_ladder_plans_the_same_with_its_read_ahead_window() -> None:
+    """Its smallest denomination is 1s: a partial hop on 1s or 2s was allowed already, so the
+    documented mean hops of the default ladder hold for a worker releasing ahead."""
+    ladder = Ladder.parse(DEFAULT_LADDER)
+    plain, windowed = Planner(ladder), Planner(ladder, partial_window_ms=ladder.smallest + 2_000)
+    for remaining in range(1, 700_000, 137):
+        assert windowed.plan(remaining) == plain.plan(remaining)
 
 
 @settings(max_examples=300, deadline=None)

@@ -31,7 +31,7 @@ class ScanningPartition:
         for entry in self.queue:
             if entry.released:
                 continue
-            if blocked and (not release_ahead or self._ahead() >= cap):
+            if blocked and (not release_ahead or entry.offset - self._head() >= cap):
                 break
             if entry.awake_at is not None and entry.awake_at > now:
                 blocked = True
@@ -47,10 +47,9 @@ class ScanningPartition:
             self.next_offset = self.queue.pop(0).offset + 1
         return done
 
-    def _ahead(self) -> int:
-        """Released records behind the first one not released (those the commit metadata names)."""
-        first = next((i for i, e in enumerate(self.queue) if not e.released), len(self.queue))
-        return sum(e.released for e in self.queue[first:])
+    def _head(self) -> int:
+        """The offset of the first record not released (the commit point while records wait)."""
+        return next(e.offset for e in self.queue if not e.released)
 
     def commit_point(self) -> tuple[int, set[int]]:
         position = self.queue[0].offset if self.queue else self.next_offset
