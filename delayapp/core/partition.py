@@ -94,11 +94,8 @@ class PartitionState:
         self._point: tuple[int, str] | None = None  # the commit point, until something moves it
         # Offsets released beyond the head (and carried), as bits from ``_bits_base``; ``_bits_top``
         # is the highest set. Bits below the commit point are stale and ignored.
-        self._bits = bytearray()
-        self._bits_base = committed or 0
-        self._bits_top = -1
-        for offset in self.carried:
-            self._mark(offset)
+        self._bits, self._bits_base, self._bits_top = bytearray(), 0, -1
+        self._restart_bits(committed or 0, self.carried)
 
     # -- fetching --------------------------------------------------------------------------------
 
@@ -251,10 +248,16 @@ class PartitionState:
         else:
             head = self.queue[0].offset
             if self._bits_top < head:  # nothing beyond the head in the bitmap: start it at the head
-                self._bits, self._bits_base = bytearray(), head
+                self._restart_bits(head)
             self._mark(entry.offset)
         done.append((entry, step))
         return True
+
+    def _restart_bits(self, base: int, offsets: Iterable[int] = ()) -> None:
+        """Start the released-ahead bitmap afresh at ``base`` with ``offsets`` (each >= ``base``) set."""
+        self._bits, self._bits_base, self._bits_top = bytearray(), base, -1
+        for offset in offsets:
+            self._mark(offset)
 
     def _mark(self, offset: int) -> None:
         """Set ``offset``'s bit in the released-ahead bitmap (``offset`` >= its base)."""
@@ -312,7 +315,7 @@ class PartitionState:
         """The bitmap of the offsets released beyond ``position``, as commit metadata."""
         if self._bits_top < position:  # nothing released beyond: start the bitmap afresh
             if self._bits:
-                self._bits, self._bits_base = bytearray(), position
+                self._restart_bits(position)
             return ""
         index = position - self._bits_base
         start = index >> 3
@@ -338,9 +341,7 @@ class PartitionState:
         self._ahead.clear()
         self._wakes.clear()
         self._point = None
-        self._bits, self._bits_base, self._bits_top = bytearray(), self.committed or 0, -1
-        for offset in self.carried:
-            self._mark(offset)
+        self._restart_bits(self.committed or 0, self.carried)
         return self.committed
 
 

@@ -66,7 +66,8 @@ def test_next_hop_within_a_partial_window_is_the_first_hop_of_its_plan(ladder, w
 
 def test_a_partial_hop_within_the_read_ahead_saves_the_small_hops() -> None:
     short = Ladder.parse("100ms,1s,5s")
-    assert Planner(short, partial_window_ms=2_100).plan(2_350) == [Hop(1_000, 1_000), Hop(1_000, 1_000), Hop(1_000, 350)]
+    plan = Planner(short, partial_window_ms=2_100).plan(2_350)
+    assert plan == [Hop(1_000, 1_000), Hop(1_000, 1_000), Hop(1_000, 350)]
     assert len(Planner(short).plan(2_350)) == 6  # 1s, 1s, 3 x 100ms and a partial 50 ms
 
 
