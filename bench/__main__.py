@@ -12,7 +12,9 @@ ratios to references measured in the same run:
 - ``lateness``: p99 at 1,000 rec/s (<= 10 ms) and at half that saturation rate (<= 50 ms);
 - ``burst``: 100,000 records due in one second, written 60 s ahead: first due time to last
   delivery <= N / (0.4 x relay) + 1 s;
-- ``mix``: mean hops, and the realistic mix's throughput computed from the intermediate hop.
+- ``mix``: mean hops, and the realistic mix's throughput computed from the intermediate hop;
+- ``skew``: lateness by the broker's clock of a worker whose clock runs 5 s ahead, and one 5 s
+  behind, at 200 rec/s (p99 <= 100 ms, early 0; issue 23).
 
 Figures of ``relay`` and ``hops`` are the median of several runs after a warm-up; the others
 are single runs (a search, for ``saturation``).
@@ -36,7 +38,7 @@ from bench import engine, redis_baseline, relay
 from bench.common import machine, repeat
 from delayapp.dev.embedded_broker import EmbeddedBroker
 
-SECTIONS = ("relay", "hops", "mix", "saturation", "lateness", "burst", "backlog", "recovery", "redis")
+SECTIONS = ("relay", "hops", "mix", "saturation", "lateness", "burst", "skew", "backlog", "recovery", "redis")
 OFFLINE_SECTIONS = {"mix"}  # computed from the planner alone
 # Sections whose targets are ratios to, or rates derived from, another section's figure of the
 # same run: that section runs too.
@@ -241,6 +243,28 @@ async def run(
                 f"load acked by the broker p99 {result['producer_ack_p99']:.0f} ms)",
                 f"p99 <= {limit} ms",
                 result["p99"] <= limit and result["early"] == 0 and result["delivered"] == result["sent"],
+            )
+    if "skew" in sections:
+        results = await engine.lateness_under_skew(
+            bootstrap, [5_000, -5_000], 200.0, 3 if quick else 15, external=external
+        )
+        report.data["skew"] = results
+        for result in results:
+            side = "ahead of" if result["offset_ms"] > 0 else "behind"
+            seconds_off = abs(result["offset_ms"]) / 1000
+            label = f"a worker {seconds_off:.0f} s {side} the broker: lateness by the broker's clock"
+            value = (
+                f"{result['p50']:.0f} / {result['p99']:.0f} / {result['max']:.0f} ms, early {result['early']} "
+                f"({result['delivered']}/{result['sent']} delivered at 200 rec/s)"
+            )
+            if not result["clock_measured"]:
+                report.add(label, value + " - the broker stamps no LogAppendTime: its clock unmeasured, no verdict")
+                continue
+            report.add(
+                label + " (p50 / p99 / max, early)",
+                value,
+                "p99 <= 100 ms, early 0",
+                result["p99"] <= 100 and result["early"] == 0 and result["delivered"] == result["sent"],
             )
     if "burst" in sections:
         count, lead = (5_000, 5.0) if quick else (100_000, 60.0)

@@ -166,18 +166,26 @@ def worker_env(bootstrap: str, prefix: str, ladder: str, *, external: bool, part
 
 @contextlib.asynccontextmanager
 async def worker_target(
-    bootstrap: str, ladder: str | None, *, external: bool, name: str = "sat"
+    bootstrap: str,
+    ladder: str | None,
+    *,
+    external: bool,
+    name: str = "sat",
+    clock_offset_ms: int = 0,
+    sink_configs: dict[str, str] | None = None,
 ) -> AsyncIterator[Target]:
     """A real ``faust -A delayapp worker`` process on ``ladder`` (None: the default ladder), ready
-    to be offered load through its ingress; records carry their id as key."""
+    to be offered load through its ingress; records carry their id as key. ``clock_offset_ms``:
+    the worker's wall clock that far ahead of the machine's (negative: behind)."""
     prefix = unique(name)
     sink = f"{prefix}-out"
     env = worker_env(bootstrap, prefix, ladder or DEFAULT_LADDER, external=external)
     if ladder is None:
         del env["DELAYAPP_DENOMINATIONS"]  # what a new user runs
-    await create_topics(bootstrap, sink, partitions=4)
-    worker = WorkerProcess(env, name=prefix).start()
+    await create_topics(bootstrap, sink, partitions=4, configs=sink_configs)
+    worker = WorkerProcess(env, name=prefix, clock_offset_ms=clock_offset_ms).start()
     target = Target(bootstrap, f"{prefix}.ingress", sink, _delayapp_record(sink), lambda key, value: key or b"")
+    target.log = lambda: worker.log
     try:
         await worker.wait_ready(loops=1 + len(Ladder.parse(ladder or DEFAULT_LADDER).denominations))
         yield target.start()
@@ -209,6 +217,31 @@ async def lateness_at_rates(
     rate starts once the previous rate's records are all delivered), written by a librdkafka producer."""
     async with worker_target(bootstrap, ladder, external=external, name="lat") as target:
         return [await offer(target, rate, seconds) for rate in rates]
+
+
+async def lateness_under_skew(
+    bootstrap: str, offsets_ms: list[int], rate: float, seconds: float, *, external: bool = False
+) -> list[dict]:
+    """Lateness by the broker's clock of records offered at ``rate``/s for ``seconds`` (1-3 s
+    delays, the default ladder) to a worker whose wall clock runs each of ``offsets_ms`` ahead of
+    the broker's (negative: behind): the target stamps each delivery with the broker's clock
+    (LogAppendTime), so early and late are the cluster's, not the worker's. ``clock_measured``:
+    whether the broker let the worker measure its clock (a broker that ignores topic configs does
+    not: then the figures are the worker's clock's, and say nothing of the rule)."""
+    results = []
+    for offset in offsets_ms:
+        async with worker_target(
+            bootstrap,
+            None,
+            external=external,
+            name="skw",
+            clock_offset_ms=offset,
+            sink_configs={"message.timestamp.type": "LogAppendTime"},
+        ) as target:
+            result = await offer(target, rate, seconds)
+            # a broker that ignores LogAppendTime (the embedded one) neither guards the clock nor stamps the target
+            results.append({"offset_ms": offset, "clock_measured": "broker clock: measured" in target.log(), **result})
+    return results
 
 
 async def saturation_rate(bootstrap: str, *, quick: bool, ladder: str = "100ms,1s,5s", external: bool = False) -> dict:

@@ -213,6 +213,7 @@ class Target:
     ident: Callable[[bytes | None, bytes | None], bytes]
     steps: int = 0
     collector: Collector | None = field(default=None, repr=False)
+    log: Callable[[], str] = field(default=lambda: "", repr=False)  # the scheduler's log so far, if it has one
 
     def start(self) -> Target:
         """Start collecting the sink."""

@@ -22,7 +22,7 @@ def test_bench_quick_run_writes_well_formed_json(tmp_path, bootstrap: str) -> No
             "bench",
             "--quick",
             "--sections",
-            "relay,hops,mix,saturation,lateness,burst",
+            "relay,hops,mix,saturation,lateness,burst,skew",
             "--broker",
             bootstrap,
             "--json",
@@ -45,4 +45,6 @@ def test_bench_quick_run_writes_well_formed_json(tmp_path, bootstrap: str) -> No
     for run in [*steps, *data["lateness"], data["burst"]]:
         assert run["early"] == 0 and run["delivered"] == run["sent"] > 0, run
     assert len(data["lateness"]) == 2  # at 1,000 rec/s and at half the saturation rate
+    for run in data["skew"]:  # never early by the broker's clock, where the broker lets the worker read it
+        assert run["delivered"] == run["sent"] > 0 and (run["early"] == 0 or not run["clock_measured"]), run
     assert "| figure" in result.stdout.decode()

@@ -9,8 +9,10 @@ broker lacks it; run the suite with ``DELAYAPP_TEST_BROKER=host:port`` against r
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
+from typing import Any
 
 import orjson
 import pytest
@@ -215,30 +217,18 @@ async def test_records_deleted_by_retention_before_they_were_forwarded_sound_an_
         await collector.stop()
 
 
-@pytest.mark.parametrize("skew", ["+5s", "-5s"])
-async def test_a_worker_whose_clock_is_skewed_delivers_by_the_brokers_clock(bootstrap: str, skew: str) -> None:
-    """Due times are held to the cluster's clock, the broker's, whatever the worker's says. The
-    worker runs under libfaketime five seconds ahead or behind; the target stamps each delivery
-    with the broker's clock (LogAppendTime). Ahead, nothing is early; behind, nothing waits for
-    the worker's own clock (it once did: seconds late)."""
+async def deliveries_by_the_brokers_clock(bootstrap: str, name: str, **worker: Any) -> tuple[list[int], str]:
+    """Schedule 40 records (due 0.5-4.4 s ahead) through a worker built with ``worker`` (its
+    skewed clock) to a target that stamps each delivery with the broker's clock (LogAppendTime):
+    the sorted lateness of each (ms, by the broker's clock) and the worker's log."""
     await needs_topic_configs(bootstrap)
-    if not os.path.exists(FAKETIME_LIB) or shutil.which("faketime") is None:
-        pytest.skip("libfaketime is not installed (Debian package faketime: bin/setup-test-tools)")
-    prefix, target = unique("skew"), unique("skew-target-")
+    prefix, target = unique(name), unique(f"{name}-target-")
     await create_topics(bootstrap, target, partitions=2, configs={"message.timestamp.type": "LogAppendTime"})
-    worker = Worker(
-        bootstrap,
-        prefix,
-        DELAYAPP_ALLOWED_TARGETS="skew-target-*",
-        LD_PRELOAD=FAKETIME_LIB,
-        FAKETIME=skew,
-        FAKETIME_DONT_FAKE_MONOTONIC="1",
-        FAKETIME_DONT_RESET="1",
-    ).start()
+    worker_process = Worker(bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS=f"{name}-target-*", **worker).start()
     collector = None
     try:
-        await worker.wait_ready()
-        assert "broker clock: measured" in worker.log, worker.log[-3000:]
+        await worker_process.wait_ready()
+        assert "broker clock: measured" in worker_process.log, worker_process.log[-3000:]
         collector = await Collector(bootstrap, [target]).start()
         due: dict[bytes, int] = {}
         p = await producer(bootstrap)
@@ -256,22 +246,58 @@ async def test_a_worker_whose_clock_is_skewed_delivers_by_the_brokers_clock(boot
         finally:
             await p.stop()
         await wait_for(lambda: len(collector.on(target)) > len(due), 60, "every delivery")
-        lateness = sorted(r.timestamp - due[r.key] for r in collector.on(target) if r.key in due)
-        early = [late for late in lateness if late < 0]
-        assert early == [], f"released early by the broker's clock (ms): {early}"
-        print(f"skew {skew}: lateness p50 {lateness[len(lateness) // 2]} ms, max {lateness[-1]} ms")
-        if "SESSTMOUT" in worker.log:
-            # libfaketime moves librdkafka's own timed waits with the clock: ahead, its threads
-            # oversleep, the group sessions time out and every loop rejoins, seconds late. A
-            # machine whose clock is really ahead has no such stall: lateness here is the tool's.
-            assert skew.startswith("+"), worker.log[-3000:]
-            return
-        # behaviour, not speed: a worker behind the broker does not wait for its own clock
-        assert lateness[-1] < 2_500, f"waited for the worker's skewed clock: lateness {lateness}"
+        return sorted(r.timestamp - due[r.key] for r in collector.on(target) if r.key in due), worker_process.log
     finally:
         if collector is not None:
             await collector.stop()
-        worker.stop()
+        worker_process.stop()
+
+
+@pytest.mark.parametrize("skew", ["+5s", "-5s"])
+async def test_a_worker_whose_clock_is_skewed_delivers_by_the_brokers_clock(bootstrap: str, skew: str) -> None:
+    """Due times are held to the cluster's clock, the broker's, whatever the worker's says. The
+    worker runs under libfaketime five seconds ahead or behind (every clock it reads, its C
+    libraries' too); the target stamps each delivery with the broker's clock (LogAppendTime).
+    Ahead, nothing is early; behind, nothing waits for the worker's own clock (it once did:
+    seconds late)."""
+    if not os.path.exists(FAKETIME_LIB) or shutil.which("faketime") is None:
+        pytest.skip("libfaketime is not installed (Debian package faketime: bin/setup-test-tools)")
+    lateness, log = await deliveries_by_the_brokers_clock(
+        bootstrap,
+        "skew",
+        LD_PRELOAD=FAKETIME_LIB,
+        FAKETIME=skew,
+        FAKETIME_DONT_FAKE_MONOTONIC="1",
+        FAKETIME_DONT_RESET="1",
+    )
+    early = [late for late in lateness if late < 0]
+    assert early == [], f"released early by the broker's clock (ms): {early}"
+    print(f"skew {skew}: lateness p50 {lateness[len(lateness) // 2]} ms, max {lateness[-1]} ms")
+    if "SESSTMOUT" in log:
+        # libfaketime moves librdkafka's own timed waits with the clock: ahead, its threads
+        # oversleep, the group sessions time out and every loop rejoins, seconds late. A
+        # machine whose clock is really ahead has no such stall: lateness here is the tool's
+        # (the next test measures it with the worker's Python clock alone shifted).
+        assert skew.startswith("+"), log[-3000:]
+        return
+    # behaviour, not speed: a worker behind the broker does not wait for its own clock
+    assert lateness[-1] < 2_500, f"waited for the worker's skewed clock: lateness {lateness}"
+
+
+@pytest.mark.parametrize("offset_ms", [5_000, -5_000])
+async def test_a_worker_whose_wall_clock_is_skewed_is_punctual_by_the_brokers_clock(
+    bootstrap: str, offset_ms: int
+) -> None:
+    """The same with the worker's wall clock shifted as Python reads it (delayapp.dev.skewed_clock),
+    librdkafka's timers left alone: no stall of the tool's, so lateness is the worker's own. Early
+    never; late by far less than the skew (a worker that trusted its own clock would be 5 s early
+    ahead, 5 s late behind). The bench's ``skew`` section gives the figures."""
+    lateness, log = await deliveries_by_the_brokers_clock(bootstrap, "wskew", clock_offset_ms=offset_ms)
+    measured = re.search(r"worker clock ([+-]\d+) ms against the broker's", log)
+    assert measured and abs(int(measured.group(1)) - offset_ms) < 500, "the worker saw its clock skewed"
+    early = [late for late in lateness if late < 0]
+    assert early == [], f"released early by the broker's clock (ms): {early}"
+    assert lateness[-1] < 1_000, f"late by the worker's skewed clock: lateness {lateness}"
 
 
 async def test_another_producers_open_transaction_is_not_a_stall(bootstrap: str) -> None:

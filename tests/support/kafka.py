@@ -143,7 +143,9 @@ def read_all(bootstrap: str, topic: str, timeout_s: float = 30) -> list[Message]
 class Worker(WorkerProcess):
     """A worker with a fresh prefix, the scaled-down test ladder and short sessions."""
 
-    def __init__(self, bootstrap: str, prefix: str, app: str = "delayapp", **env: str) -> None:
+    def __init__(
+        self, bootstrap: str, prefix: str, app: str = "delayapp", *, clock_offset_ms: int = 0, **env: str
+    ) -> None:
         super().__init__(
             {
                 "DELAYAPP_BROKER": bootstrap,
@@ -159,6 +161,7 @@ class Worker(WorkerProcess):
             },
             app=app,
             name=prefix,
+            clock_offset_ms=clock_offset_ms,
         )
         self.prefix = prefix
 

@@ -145,9 +145,14 @@ class TopicCollector:
 class WorkerProcess:
     """A real ``faust -A <app> worker`` process with its own environment and log file."""
 
-    def __init__(self, env: dict[str, str], app: str = "delayapp", name: str | None = None) -> None:
+    def __init__(
+        self, env: dict[str, str], app: str = "delayapp", name: str | None = None, *, clock_offset_ms: int = 0
+    ) -> None:
         self.name = name or unique("worker-")
         self.app = app
+        # its wall clock this much ahead of the machine's (negative: behind), as Python reads it
+        # (delayapp.dev.skewed_clock); 0: the machine's
+        self.clock_offset_ms = clock_offset_ms
         self.env = {
             **os.environ,
             "DELAYAPP_WEB_PORT": str(free_port()),
@@ -162,8 +167,9 @@ class WorkerProcess:
         """Start the process (logs to :attr:`log_path`)."""
         with open(self.log_path, "ab") as log:
             log.write(f"--- start {time.strftime('%H:%M:%S')} ---\n".encode())
+            skewed = ["-m", "delayapp.dev.skewed_clock", str(self.clock_offset_ms)] if self.clock_offset_ms else ["-m"]
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "faust", "-A", self.app, "worker", "-l", "info"],
+                [sys.executable, *skewed, "faust", "-A", self.app, "worker", "-l", "info"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,
