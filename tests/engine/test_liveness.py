@@ -10,21 +10,14 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from delayapp.core import headers as h
-from delayapp.core.planner import Planner
-from delayapp.engine.bootstrap import bootstrap_topics
-from delayapp.engine.handler import RecordHandler
-from delayapp.engine.loop import HopLoop
-from delayapp.engine.service import build_policy
-from delayapp.settings import load_settings
 from tests.support.kafka import (
-    SESSION_MS,
     Collector,
-    create_topics,
+    delay_loop,
+    delay_records,
     one_second_loop,
     produce,
     producer,
     read_all,
-    unique,
     wait_for,
 )
 
@@ -111,55 +104,19 @@ async def test_partitions_waiting_their_turn_behind_a_backlog_are_busy_not_stall
     and nothing delivered twice (the watchdog once took such partitions for stalled, rewound
     them and reopened the loop, which wrote what it had not committed again)."""
     count, partitions = 40_000, 16
-    prefix, target = unique("busy"), unique("busy-target-")
-    s = load_settings(
-        broker=bootstrap,
-        topic_prefix=prefix,
-        app_id=prefix,
-        denominations="1s",
+
+    def burst(topic: str, target: str) -> None:
+        produce(bootstrap, topic, delay_records(count, target, time.time_ns() // 1_000_000, partitions=partitions))
+
+    hop_loop, _, target = await delay_loop(
+        bootstrap,
+        "busy",
         partitions=partitions,
-        allowed_targets="busy-target-*",
-        session_timeout_ms=SESSION_MS,
-        heartbeat_interval_ms=1500,
+        audit=True,
+        preload=burst,
         liveness_threshold="1s",
         max_queued_bytes=1_048_576,  # a small read-ahead: partitions take turns sooner
     )
-    layout = s.topic_layout()
-    await bootstrap_topics(s, layout)
-    await create_topics(bootstrap, target, partitions=1)
-    topic = layout.delay_topic(1000)
-    now = str(time.time_ns() // 1_000_000).encode()
-    value = b"v" * 1_000
-    produce(
-        bootstrap,
-        topic,
-        (
-            {
-                "value": value,
-                "key": str(i).encode(),
-                "partition": i % partitions,
-                "headers": [
-                    (h.RECORD_ID, f"r{i}".encode()),
-                    (h.REACTIVATE_TO_TOPIC, target.encode()),
-                    (h.REACTIVATE_AT, now),
-                    (h.AWAKE_AT, now),
-                ],
-            }
-            for i in range(count)
-        ),
-    )
-    handler = RecordHandler(layout=layout, planner=Planner(s.ladder), policy=build_policy(s, layout))
-    hop_loop = HopLoop(
-        name="delay-1s",
-        topic=topic,
-        group_id=f"{prefix}.delay.1s",
-        handler=handler,
-        settings=s,
-        audit_topic=layout.audit,
-        states_topic=layout.record_states,
-        max_wait_ms=1000,
-    )
-    await hop_loop.start()
     try:
         await wait_for(lambda: hop_loop.stats.delivered >= count, 180, f"{count} deliveries")
         stats = hop_loop.stats
@@ -175,52 +132,20 @@ async def test_a_loop_holds_what_falls_due_soon_not_the_backlog(bootstrap: str) 
     at most, then its partition is paused until their turn), where it used to fetch as many as
     its read-ahead's records and bytes allowed, whatever their wake-up times."""
     count = 2_000
-    prefix, target = unique("ahead"), unique("ahead-target-")
-    s = load_settings(
-        broker=bootstrap,
-        topic_prefix=prefix,
-        app_id=prefix,
+
+    def waking_in_50_s(topic: str, target: str) -> None:
+        produce(bootstrap, topic, delay_records(count, target, time.time_ns() // 1_000_000 + 50_000))
+
+    hop_loop, _, _ = await delay_loop(
+        bootstrap,
+        "ahead",
         denominations="1s,1m",
-        partitions=1,
-        allowed_targets="ahead-target-*",
-        session_timeout_ms=SESSION_MS,
-        heartbeat_interval_ms=1500,
+        denomination="1m",
+        preload=waking_in_50_s,
         max_batch=100,
         read_ahead="1s",
     )
-    layout = s.topic_layout()
-    await bootstrap_topics(s, layout)
-    await create_topics(bootstrap, target, partitions=1)
-    topic = layout.delay_topic(60_000)
-    wake = str(time.time_ns() // 1_000_000 + 50_000).encode()
-    produce(
-        bootstrap,
-        topic,
-        (
-            {
-                "value": b"v" * 1_000,
-                "key": str(i).encode(),
-                "headers": [
-                    (h.RECORD_ID, f"r{i}".encode()),
-                    (h.REACTIVATE_TO_TOPIC, target.encode()),
-                    (h.REACTIVATE_AT, wake),
-                    (h.AWAKE_AT, wake),
-                ],
-            }
-            for i in range(count)
-        ),
-    )
-    handler = RecordHandler(layout=layout, planner=Planner(s.ladder), policy=build_policy(s, layout))
-    hop_loop = HopLoop(
-        name="delay-1m",
-        topic=topic,
-        group_id=f"{prefix}.delay.1m",
-        handler=handler,
-        settings=s,
-        audit_topic=None,
-        max_wait_ms=60_000,
-    )
-    await hop_loop.start()
+    s = hop_loop.settings
     try:
         await wait_for(lambda: hop_loop.parts.paused, 30, "the partition paused behind its waiting records")
         held = sum(len(part.queue) for part in hop_loop.parts.parts.values())

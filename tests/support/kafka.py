@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
+from delayapp.core import headers as h
+from delayapp.core.durations import parse_duration
 from delayapp.core.planner import Planner
 from delayapp.dev.chaos.procs import TopicCollector as Collector
 from delayapp.dev.chaos.procs import WorkerProcess, create_topics, embedded_broker_env, unique, wait_for
@@ -68,13 +70,31 @@ async def broker_transactions(bootstrap: str) -> str | None:
 async def one_second_loop(bootstrap: str, name: str, **settings: Any) -> tuple[HopLoop, str, str]:
     """A started in-process loop on a fresh 1 s delay topic (one partition) that delivers to a
     fresh target topic: (the loop, its topic, the target). Callers stop the loop."""
+    return await delay_loop(bootstrap, name, **settings)
+
+
+async def delay_loop(
+    bootstrap: str,
+    name: str,
+    *,
+    denominations: str = "1s",
+    denomination: str = "1s",
+    partitions: int = 1,
+    audit: bool = False,
+    preload: Callable[[str, str], None] | None = None,
+    **settings: Any,
+) -> tuple[HopLoop, str, str]:
+    """A started in-process loop of the ``denomination`` topic of a fresh ``denominations`` ladder
+    that delivers to a fresh target topic (one partition): (the loop, its topic, the target).
+    ``preload(topic, target)`` writes records before the loop starts; ``audit`` gives it the
+    audit and record-states topics. Callers stop the loop."""
     prefix, target = unique(name), unique(f"{name}-target-")
     s = load_settings(
         broker=bootstrap,
         topic_prefix=prefix,
         app_id=prefix,
-        denominations="1s",
-        partitions=1,
+        denominations=denominations,
+        partitions=partitions,
         allowed_targets=f"{name}-target-*",
         session_timeout_ms=SESSION_MS,
         heartbeat_interval_ms=1500,
@@ -83,16 +103,20 @@ async def one_second_loop(bootstrap: str, name: str, **settings: Any) -> tuple[H
     layout = s.topic_layout()
     await bootstrap_topics(s, layout)
     await create_topics(bootstrap, target, partitions=1)
+    wait_ms = parse_duration(denomination)
+    topic = layout.delay_topic(wait_ms)
+    if preload is not None:
+        preload(topic, target)
     handler = RecordHandler(layout=layout, planner=Planner(s.ladder), policy=build_policy(s, layout))
-    topic = layout.delay_topic(1000)
     hop_loop = HopLoop(
-        name="delay-1s",
+        name=f"delay-{denomination}",
         topic=topic,
-        group_id=f"{prefix}.delay.1s",
+        group_id=f"{prefix}.delay.{denomination}",
         handler=handler,
         settings=s,
-        audit_topic=None,
-        max_wait_ms=1000,
+        audit_topic=layout.audit if audit else None,
+        states_topic=layout.record_states if audit else None,
+        max_wait_ms=wait_ms,
     )
     await hop_loop.start()
     return hop_loop, topic, target
@@ -112,6 +136,24 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict]) -> None:
     for record in records:
         batch.produce(topic, **record)
     assert batch.flush(30) == 0
+
+
+def delay_records(count: int, target: str, awake_at: int, *, partitions: int | None = None) -> Iterator[dict]:
+    """``count`` 1 KB records as the router writes them to a delay topic (ids ``r0``, ``r1``, ...),
+    due and awake at ``awake_at`` (epoch ms), for :func:`produce`; spread over ``partitions`` if given."""
+    stamp = str(awake_at).encode()
+    for i in range(count):
+        yield {
+            "value": b"v" * 1_000,
+            "key": str(i).encode(),
+            **({"partition": i % partitions} if partitions else {}),
+            "headers": [
+                (h.RECORD_ID, f"r{i}".encode()),
+                (h.REACTIVATE_TO_TOPIC, target.encode()),
+                (h.REACTIVATE_AT, stamp),
+                (h.AWAKE_AT, stamp),
+            ],
+        }
 
 
 def read_all(bootstrap: str, topic: str, timeout_s: float = 30) -> list[Message]:
