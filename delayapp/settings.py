@@ -320,14 +320,21 @@ class Settings(BaseSettings):
         return Ladder.parse(self.denominations)
 
     @property
-    def partial_window_ms(self) -> int | None:
-        """The largest denomination a partial last hop of any length may use: the loops' read-ahead
-        horizon (the smallest denomination + ``read_ahead``) while they release ahead, else None
-        (a partial hop only where the records before it can hold it up by less than the smallest)."""
-        return self.ladder.smallest + self.read_ahead if self.release_ahead else None
+    def read_ahead_horizon_ms(self) -> int:
+        """How far ahead of their wake-up a delay topic's records are fetched: the smallest
+        denomination + ``read_ahead`` (a loop pauses a partition whose last record wakes later)."""
+        return self.ladder.smallest + self.read_ahead
 
+    @property
+    def partial_window_ms(self) -> int | None:
+        """The largest denomination a partial last hop of any length may use: the read-ahead
+        horizon while the loops release ahead, else None (a partial hop only where the records
+        before it can hold it up by less than the smallest)."""
+        return self.read_ahead_horizon_ms if self.release_ahead else None
+
+    @cached_property
     def planner(self) -> Planner:
-        """A hop planner for this ladder and read-ahead (build once: its table takes a moment)."""
+        """The hop planner for this ladder and read-ahead (built once: its table takes a moment)."""
         return Planner(self.ladder, partial_window_ms=self.partial_window_ms)
 
     @cached_property

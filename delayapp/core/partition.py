@@ -313,9 +313,7 @@ class PartitionState:
 
     def _released_metadata(self, position: int) -> str:
         """The bitmap of the offsets released beyond ``position``, as commit metadata."""
-        if self._bits_top < position:  # nothing released beyond: start the bitmap afresh
-            if self._bits:
-                self._restart_bits(position)
+        if self._bits_top < position:  # nothing released beyond (the next release ahead restarts the bitmap)
             return ""
         index = position - self._bits_base
         start = index >> 3

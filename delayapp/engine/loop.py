@@ -136,7 +136,7 @@ class HopLoop(Service):
         self._state_lock = threading.Lock()  # the loop's partitions, against readers on the event loop
         # a delay topic's records are fetched from read_ahead (beyond the smallest denomination)
         # before they wake, not as far as the read-ahead's bytes allow (PartitionState.should_pause)
-        self._horizon_ms = None if ingress else settings.read_ahead + settings.ladder.smallest
+        self._horizon_ms = None if ingress else settings.read_ahead_horizon_ms
         self._liveness = LivenessCheck(
             label=name,
             parts=self.parts,
@@ -437,9 +437,7 @@ class HopLoop(Service):
             except Exception as exc:
                 log.warning("%s: could not commit before the rebalance (%s); the next owner redoes it", self.label, exc)
                 committer.abandon()
-        keys = [(tp.topic, tp.partition) for tp in partitions]
-        self._report_uncommitted(keys, "revoked")
-        self._forget(keys)
+        self._forget([(tp.topic, tp.partition) for tp in partitions], "revoked")
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # The group moved on without us (session expired): nothing may be committed any more;
@@ -450,12 +448,12 @@ class HopLoop(Service):
         self._joined = False
         if self._committer is not None:
             self._committer.abandon()
-        keys = [(tp.topic, tp.partition) for tp in partitions]
-        self._report_uncommitted(keys, "lost")
-        self._forget(keys)
+        self._forget([(tp.topic, tp.partition) for tp in partitions], "lost")
 
-    def _forget(self, keys: list[PartitionKey]) -> None:
-        """Stop serving ``keys`` (revoked or lost): what was fetched for them is dropped."""
+    def _forget(self, keys: list[PartitionKey], why: str) -> None:
+        """Stop serving ``keys`` (revoked or lost, ``why``): what was written and not committed is
+        reported, what was fetched is dropped."""
+        self._report_uncommitted(keys, why)
         with self._state_lock:
             self.parts.forget(keys)
         for key in keys:
@@ -669,10 +667,10 @@ class HopLoop(Service):
                     continue
                 if to_broker_commit:
                     commit = self._broker_commits.get(key, (part.committed, part.committed_metadata))
-                    count += written_not_committed(part, commit, metadata_kept=self.commit_metadata_kept)
+                    written = written_not_committed(part, commit, metadata_kept=self.commit_metadata_kept)
+                    count += written
                     if not self.commit_metadata_kept:  # told apart: only the broker's dropped metadata re-sends these
-                        dropped_metadata += written_not_committed(part, commit, metadata_kept=False)
-                        dropped_metadata -= written_not_committed(part, commit, metadata_kept=True)
+                        dropped_metadata += written - written_not_committed(part, commit, metadata_kept=True)
                 else:  # a rewind carries what the loop's own commit metadata says was released ahead
                     count += written_not_committed(part, (part.committed, part.committed_metadata))
         if count:

@@ -107,7 +107,7 @@ class DelayEngine(Service):
         self.layout = settings.topic_layout()
         self._extra_loops = extra_loops
         started = time.monotonic()
-        self.planner = settings.planner()
+        self.planner = settings.planner
         log.info("planner ready for ladder %s in %.0f ms", settings.ladder, (time.monotonic() - started) * 1000)
         self.policy = build_policy(settings, self.layout)
         self.known_topics = KnownTopics(settings.kafka_client_kwargs())

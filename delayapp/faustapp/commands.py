@@ -142,7 +142,7 @@ async def plan(self: Any, delay: str) -> None:
     """Print the hops a delay (1h19m, 90s, or ms) takes on the configured ladder."""
     async with _exit_codes():
         delay_ms = parse_duration(delay)
-    planner = settings.planner()
+    planner = settings.planner
     self.say(f"ladder {settings.ladder} (DELAYAPP_DENOMINATIONS), max delay {format_duration(settings.max_delay)}")
     self.say(render.plan_text(delay_ms, planner.plan(delay_ms)))
     self.say(

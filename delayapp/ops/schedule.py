@@ -79,5 +79,5 @@ async def schedule_record(
     assigned = record_id is None
     # Without an id the router derives it from where the record entered: the same formula here
     rid = record_id or stable_record_id(meta.topic, meta.partition, meta.offset, meta.timestamp)
-    plan = settings.planner().plan(due - sent_at)
+    plan = settings.planner.plan(due - sent_at)
     return Scheduled(rid, assigned, meta.topic, meta.partition, meta.offset, due, due - sent_at, plan)
