@@ -30,9 +30,9 @@ from delayapp.core.partition import AssignedPartitions
 from delayapp.core.planner import Planner
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.intake import Intake
-from delayapp.engine.loop import HopLoop
 from delayapp.engine.service import build_policy, tune_collector
 from delayapp.engine.stats import LoopStats
+from delayapp.engine.step import Steps
 from delayapp.engine.writer import Writer
 from delayapp.settings import load_settings
 from delayapp.statestore.disk import DiskStateStore
@@ -124,24 +124,14 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
         audit_hops=False,
         publish_now=False,
     )
-    loop = HopLoop(
-        name="cpu",
-        topic=topic,
-        group_id="cpu",
-        handler=handler,
-        settings=settings,
-        audit_topic=None,
-        ingress=ingress,
-        max_wait_ms=denomination,
-    )
-    loop._writer = writer  # the loop's step reads the writer's careful mode and refusals
+    steps = Steps(handler=handler, writer=writer, ingress=ingress, max_wait_ms=denomination)
     tune_collector()
     if setup_only:
         return 0.0
     started = time.thread_time()
     for first in range(0, count, BATCH):
         intake.take(messages[first : first + BATCH])
-        batch, _, _ = parts.decide(clock, loop._handle)
+        batch, _, _ = parts.decide(clock, steps)
         writer.emit(batch)
         writer.publish_unpublished()
     spent = time.thread_time() - started

@@ -10,9 +10,15 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# Before any module of the record path is imported: its compiled build, or its sources when
+# asked for (DELAYAPP_PURE_PYTHON) or when the build is missing or older than the sources.
+from delayapp.compiled import prefer_sources
+
+prefer_sources()
+
 # Before any Kafka client exists in this process: no metadata request of delayapp's (or the
 # Faust app's) may create a topic, so a mistyped target is dead-lettered, never created.
-from delayapp.engine.metadata import forbid_topic_auto_creation
+from delayapp.engine.metadata import forbid_topic_auto_creation  # noqa: E402 (after prefer_sources)
 
 forbid_topic_auto_creation()
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 from delayapp.core.errors import HeaderError
 
@@ -73,16 +73,16 @@ NEVER_FROM_PRODUCER = frozenset(ENGINE_STATE + DEAD_LETTER_HEADERS)
 """Headers delayapp owns and a producer must not set; stripped from every ingress record."""
 
 # Largest epoch-ms timestamp accepted: 9999-12-31T23:59:59.999Z. Beyond it is a bug, not a date.
-MAX_TIMESTAMP_MS = 253_402_300_799_999
+MAX_TIMESTAMP_MS: Final = 253_402_300_799_999
 # Smallest: 10^11 ms = 1973-03-03T09:46:40Z. Read as seconds, 10^11 is the year 5138, so every
 # date a producer can mean, written in epoch seconds, lies below it (today is ~1.8 * 10^9 s),
 # while every epoch-ms time since March 1973 lies above: the two never overlap. Nothing
 # delayapp schedules is due before 1973, so refusing below it costs nothing. 0 is refused
 # too: it is an unset field (a Java/Go default), not a moment; omit the header instead.
-MIN_TIMESTAMP_MS = 100_000_000_000
-MAX_COUNT = 1_000_000
+MIN_TIMESTAMP_MS: Final = 100_000_000_000
+MAX_COUNT: Final = 1_000_000
 MAX_DETAIL_BYTES = 1_000
-MAX_RECORD_ID_LENGTH = 200
+MAX_RECORD_ID_LENGTH: Final = 200
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _RECORD_ID = re.compile(r"^[\x21-\x7e]+$")
 

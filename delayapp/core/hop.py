@@ -26,7 +26,7 @@ loop holds the others), and it reads the record's value only to refuse a tombsto
 from __future__ import annotations
 
 from collections.abc import Callable, Container
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from delayapp.core import headers as h
 from delayapp.core.audit import AuditEvent, delivered
@@ -35,24 +35,24 @@ from delayapp.core.errors import HeaderError
 from delayapp.core.planner import Planner
 from delayapp.core.policies import Policy, Wait
 
-HEADER_OVERHEAD_BYTES = 10  # per header, beyond its name and value, in the size the loop counts
+HEADER_OVERHEAD_BYTES: Final = 10  # per header, beyond its name and value, in the size the loop counts
 
 # What the lean step reads, by header name: a bit each, compared in the loop below
-_REACTIVATE_AT = 1
-_AWAKE_AT = 2
-_HOPS = 4
-_RETRIED = 8
-_PRIORITY = 16
-_RECORD_ID = 32
-_TARGET = 64
-_VALID_AT = 128
-_EXPIRE_AT = 256
-_THROTTLED = 512
-_DELAYED_AT = 1024
-_ORIGINATED_AT = 2048
-_DELAY_MS = 4096
-_REPLAYED = 8192
-_READ = {
+_REACTIVATE_AT: Final = 1
+_AWAKE_AT: Final = 2
+_HOPS: Final = 4
+_RETRIED: Final = 8
+_PRIORITY: Final = 16
+_RECORD_ID: Final = 32
+_TARGET: Final = 64
+_VALID_AT: Final = 128
+_EXPIRE_AT: Final = 256
+_THROTTLED: Final = 512
+_DELAYED_AT: Final = 1024
+_ORIGINATED_AT: Final = 2048
+_DELAY_MS: Final = 4096
+_REPLAYED: Final = 8192
+_READ: Final = {
     h.REACTIVATE_AT: _REACTIVATE_AT,
     h.AWAKE_AT: _AWAKE_AT,
     h.DELAY_HOPS: _HOPS,
@@ -69,8 +69,10 @@ _READ = {
     h.TIME_REPLAYED: _REPLAYED,
 }
 # Headers a delivery removes (what the full path's irremovable state leaves out)
-_REMOVED = frozenset(h.REMOVABLE)
-_MIN_TIME, _MAX_TIME, _MAX_COUNT = h.MIN_TIMESTAMP_MS, h.MAX_TIMESTAMP_MS, h.MAX_COUNT
+_REMOVED: Final = frozenset(h.REMOVABLE)
+_MIN_TIME: Final = h.MIN_TIMESTAMP_MS
+_MAX_TIME: Final = h.MAX_TIMESTAMP_MS
+_MAX_COUNT: Final = h.MAX_COUNT
 
 LeanHeaders = list[tuple[str, bytes | None]]
 """A record's headers as librdkafka hands them over (a fresh list the caller owns)."""

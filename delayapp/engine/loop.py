@@ -54,8 +54,7 @@ from mode import Service
 
 from delayapp.core.audit import AuditEvent
 from delayapp.core.clock import GuardedClock
-from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending
-from delayapp.core.policies import Wait
+from delayapp.core.partition import AssignedPartitions, PartitionKey
 from delayapp.core.uncommitted import CommitPoint, written_not_committed
 from delayapp.engine.committer import (
     AtLeastOnceCommitter,
@@ -63,10 +62,11 @@ from delayapp.engine.committer import (
     EmitTimeout,
     ExactlyOnceCommitter,
 )
-from delayapp.engine.handler import Handler, LeanOutput, Output
-from delayapp.engine.intake import FetchedRecord, Intake, as_record
+from delayapp.engine.handler import Handler
+from delayapp.engine.intake import FetchedRecord, Intake
 from delayapp.engine.liveness import LivenessCheck, LoopStalled
 from delayapp.engine.stats import LoopStats
+from delayapp.engine.step import Steps
 from delayapp.engine.writer import DECIDING, Writer, refused_for_good
 from delayapp.settings import Guarantee, Settings
 
@@ -467,6 +467,7 @@ class HopLoop(Service):
         """The thread's loop: fetch, decide, write, commit, until the loop stops or fails."""
         consumer, intake, writer, committer = self._consumer, self._intake, self._writer, self._committer
         assert consumer is not None and intake is not None and writer is not None and committer is not None
+        steps = Steps(handler=self.handler, writer=writer, ingress=self.ingress, max_wait_ms=self.max_wait_ms)
         while not self._stopping.is_set():
             if self._broken is not None:
                 broken, self._broken = self._broken, None
@@ -479,7 +480,7 @@ class HopLoop(Service):
             if messages:
                 intake.take(messages)
             with DECIDING, self._state_lock:
-                batch, offsets, new_waits = self.parts.decide(self.clock, self._handle, now_s=time.monotonic())
+                batch, offsets, new_waits = self.parts.decide(self.clock, steps, now_s=time.monotonic())
             self.stats.waits += new_waits
             if batch or offsets:
                 committer.begin(offsets, {key for key, _, _ in batch})
@@ -493,22 +494,6 @@ class HopLoop(Service):
         idle = committer.poll_limit_ms(IDLE_POLL_MS) if committer is not None else IDLE_POLL_MS
         with self._state_lock:
             return self.parts.poll_timeout_ms(self.clock(), idle)
-
-    def _handle(self, key: PartitionKey, entry: Pending, now: int) -> Wait | list[Output] | LeanOutput:
-        """The step of ``entry`` (fetched from ``key``) at ``now``: the lean step's where it
-        decides, else the handler's."""
-        writer = self._writer
-        assert writer is not None
-        refused = writer.refused.pop((key, entry.offset), None) if writer.refused else None
-        if refused is not None:  # its target refused it in an aborted transaction: dead-letter it now
-            return [self.handler.refused(as_record(entry), refused, now=now)]
-        if not self.ingress and not writer.careful:
-            message = entry.record
-            if isinstance(message, Message):  # the lean step: a hop or a delivery from raw headers
-                step = self.handler.lean(message.value(), entry.size, entry.headers, now, key, entry.offset, entry.lean)
-                if step is not None:
-                    return step
-        return self.handler.handle(as_record(entry), now=now, ingress=self.ingress, max_wait_ms=self.max_wait_ms)
 
     def _fetch_error(self, message: Message, error: KafkaError) -> None:
         if error.code() == KafkaError._AUTO_OFFSET_RESET:

@@ -1,0 +1,119 @@
+"""The record path's compiled modules: which they are, and whether this process runs them.
+
+``bin/setup`` compiles the modules a record passes through on every step (:data:`MODULES`:
+the lean step, the partition state machine, the intake, the writer, the handler and what they
+call) with mypyc, from the same sources and their type annotations, with the machine's C
+compiler (``python -m delayapp.dev.compile``). Each ``.so`` lands beside its ``.py``; Python
+imports the ``.so`` first. A measured hop costs about half the CPU that way (``bench.cpu``).
+
+The Python sources stay the reference and the fallback, used instead when
+
+* ``DELAYAPP_PURE_PYTHON=1`` is set (CI runs the unit tests this way as well), or
+* the build is missing or stale: its stamp does not match the sources' digest (a source edited
+  since ``bin/setup``), so an edit is never shadowed by old machine code.
+
+:func:`prefer_sources` decides once per process, before any of them is imported
+(``delayapp/__init__.py`` calls it); :func:`status` says which it chose (the worker logs it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+PURE_PYTHON_ENV = "DELAYAPP_PURE_PYTHON"
+
+MODULES: tuple[str, ...] = (
+    "delayapp.core.cancel",
+    "delayapp.core.clock",
+    "delayapp.core.hop",
+    "delayapp.core.partition",
+    "delayapp.core.planner",
+    "delayapp.core.policies",
+    "delayapp.core.released",
+    "delayapp.engine.intake",
+    "delayapp.engine.stats",
+    "delayapp.engine.step",
+    "delayapp.engine.writer",
+)
+"""The compiled modules (one mypyc group, whose shared library is :data:`GROUP`)."""
+
+GROUP = "delayapp._native"
+"""The mypyc group's name: its runtime library is ``delayapp/_native__mypyc*.so``."""
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding the delayapp package
+STAMP = PACKAGE_ROOT / "delayapp" / "_native.stamp"  # the digest of the sources the build compiled
+
+_status = "not decided"
+
+
+def source_path(module: str) -> Path:
+    """The ``.py`` file of ``module``."""
+    return PACKAGE_ROOT.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def sources_digest() -> str:
+    """A digest of the compiled modules' sources and of the Python that runs them."""
+    digest = hashlib.sha256(sys.version.encode())
+    for module in MODULES:
+        digest.update(module.encode())
+        digest.update(source_path(module).read_bytes())
+    return digest.hexdigest()
+
+
+def build_is_current() -> bool:
+    """True when a build exists and was made from the sources as they are now."""
+    try:
+        return STAMP.read_text().strip() == sources_digest()
+    except OSError:
+        return False
+
+
+class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Loads the compiled modules from their ``.py`` sources, ahead of any ``.so`` beside them."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MODULES:
+            return None
+        return importlib.util.spec_from_file_location(fullname, source_path(fullname))
+
+
+def prefer_sources() -> str:
+    """Decide, once per process, whether the compiled modules or their sources run; return
+    :func:`status`. Must run before any of :data:`MODULES` is imported."""
+    global _status
+    if _status != "not decided":
+        return _status
+    if os.environ.get(PURE_PYTHON_ENV, "").strip() not in ("", "0"):
+        _status = f"pure Python ({PURE_PYTHON_ENV} is set)"
+    elif not STAMP.exists():
+        _status = "pure Python (not compiled: run bin/setup)"
+    elif not build_is_current():
+        _status = "pure Python (the compiled build is older than the sources: run bin/setup)"
+    else:
+        _status = "compiled (mypyc)"
+        return _status
+    sys.meta_path.insert(0, _SourceFinder())
+    return _status
+
+
+def status() -> str:
+    """Whether this process runs the compiled record path, and if not, why."""
+    return _status
+
+
+def running_compiled() -> bool:
+    """True when every module of :data:`MODULES` this process imported is the compiled one."""
+    return all(
+        not (module := sys.modules.get(name)) or str(getattr(module, "__file__", "")).endswith(".so")
+        for name in MODULES
+    )
