@@ -36,6 +36,7 @@ from typing import Any
 
 from bench import engine, redis_baseline, relay
 from bench.common import machine, repeat
+from delayapp.core.clock import now_ms
 from delayapp.dev.embedded_broker import EmbeddedBroker
 
 SECTIONS = ("relay", "hops", "mix", "saturation", "lateness", "burst", "skew", "backlog", "recovery", "redis")
@@ -115,10 +116,27 @@ async def run(
     if "relay" in sections:
         aio = await repeat("aiokafka relay", "rec/s", runs, warm, lambda i: relay.aiokafka_relay(bootstrap, n))
         conf = await repeat("confluent-kafka relay", "rec/s", runs, warm, lambda i: relay.confluent_relay(bootstrap, n))
+        # the floor of a hop in Python: the relay reading one header, picking a topic, rewriting one
+        headers = engine.routed_headers(now_ms() + 1_800_000, "sink", now=now_ms())
+        bare = await repeat("bare hop loop", "rec/s", runs, warm, lambda i: relay.bare_hop_loop(bootstrap, n, headers))
         best_relay = max(aio.median, conf.median)
-        report.data["relay"] = {"aiokafka": aio.runs, "confluent": conf.runs, "records": n, "best": best_relay}
+        report.data["relay"] = {
+            "aiokafka": aio.runs,
+            "confluent": conf.runs,
+            "records": n,
+            "best": best_relay,
+            "bare_hop_loop": bare.runs,
+        }
         report.add("relay: aiokafka (1 KB, commit per batch)", f"{aio.median:,.0f} rec/s")
         report.add("relay: confluent-kafka", f"{conf.median:,.0f} rec/s")
+        _ratio(
+            report,
+            "bare hop loop (the relay + read a header, pick a topic, rewrite one)",
+            bare.median,
+            best_relay,
+            "relay",
+            None,
+        )
     hop_rate = None
     if "hops" in sections:
         # the intermediate hop on the audit's defaults (a hop publishes no event), then the

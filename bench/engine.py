@@ -9,7 +9,7 @@ import shutil
 import signal
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
@@ -95,18 +95,8 @@ async def hop_throughput(
         denomination, due, moved = 1_000, past, "delivered"
     else:
         raise ValueError(f"unknown step {step!r}")
-    # the headers the router writes on a record it admitted and hopped once (h.encode's order)
-    routed = h.DelayHeaders(
-        originated_at=now - 1000,
-        time_retried=0,
-        delayed_at=now - 1000,
-        reactivate_at=int(due),
-        reactivate_to_topic=sink,
-        awake_at=now - 1000,
-        delay_hops=1,
-    )
     topic = layout.delay_topic(denomination)
-    await preload(bootstrap, topic, count, lambda i: h.encode(routed._replace(record_id=f"id-{i}"), HEADERS))
+    await preload(bootstrap, topic, count, routed_headers(int(due), sink, now=now))
     handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
     if profiler is not None and not callable(getattr(HopLoop, "_run", None)):
         # ProfiledHopLoop wraps the thread's loop by this name: a profile of nothing would look like a result
@@ -139,6 +129,21 @@ async def hop_throughput(
         return count / elapsed
     finally:
         await loop.stop()
+
+
+def routed_headers(due: int, target: str, *, now: int) -> Callable[[int], list]:
+    """The headers of the ``i``-th record as the router writes them on a record it admitted
+    (scheduled a second before ``now``, due at ``due``) and hopped once (h.encode's order)."""
+    routed = h.DelayHeaders(
+        originated_at=now - 1000,
+        time_retried=0,
+        delayed_at=now - 1000,
+        reactivate_at=due,
+        reactivate_to_topic=target,
+        awake_at=now - 1000,
+        delay_hops=1,
+    )
+    return lambda i: h.encode(routed._replace(record_id=f"id-{i}"), HEADERS)
 
 
 def hop_counts(ladder: str, delays: list[int]) -> tuple[float, float]:

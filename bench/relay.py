@@ -1,13 +1,16 @@
 """The limit: a raw consume -> produce relay in one process, offsets committed per batch.
 
 1 KB records with key and headers kept; aiokafka and confluent-kafka (librdkafka). The faster
-of the two is the ceiling one Python process can reach on this broker.
+of the two is the ceiling one Python process can reach on this broker. Beside them, the bare
+hop loop (:func:`bare_hop_loop`): the relay plus the least a hop must do in Python, the floor
+of any hop written in Python on this broker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -54,8 +57,13 @@ async def aiokafka_relay(bootstrap: str, count: int, partitions: int = 4) -> flo
         await producer.stop()
 
 
-def _confluent_relay_blocking(bootstrap: str, src: str, dst: str, count: int) -> float:
+def _confluent_relay_blocking(bootstrap: str, src: str, dst: str, count: int, *, hop: bool = False) -> float:
+    """The relay's loop; with ``hop``, each record's ``reactivateAt`` is read from its headers,
+    the next topic is picked from a table by the time left, ``awakeAt`` is rewritten in place
+    and the record is written there (the topics named by the table all map to ``dst``)."""
     from confluent_kafka import Consumer, Producer
+
+    next_topic = {bucket: dst for bucket in range(64)}  # by the bit length of the time left
 
     consumer = Consumer(
         {
@@ -77,10 +85,19 @@ def _confluent_relay_blocking(bootstrap: str, src: str, dst: str, count: int) ->
             if not batch:
                 continue
             started = started or time.perf_counter()
+            now = int(time.time() * 1000)
             for m in batch:
+                headers, topic = m.headers(), dst
+                if hop:
+                    assert headers is not None
+                    for index, (name, raw) in enumerate(headers):
+                        if name == "reactivateAt":
+                            topic = next_topic[max(0, int(raw) - now).bit_length()]
+                        elif name == "awakeAt":
+                            headers[index] = (name, str(now + 60_000).encode())
                 while True:
                     try:
-                        producer.produce(dst, m.value(), m.key(), headers=m.headers())
+                        producer.produce(topic, m.value(), m.key(), headers=headers)
                         break
                     except BufferError:
                         producer.poll(0.01)
@@ -98,3 +115,13 @@ async def confluent_relay(bootstrap: str, count: int, partitions: int = 4) -> fl
     await create_topics(bootstrap, src, dst, partitions=partitions)
     await preload(bootstrap, src, count, lambda i: HEADERS)
     return await asyncio.to_thread(_confluent_relay_blocking, bootstrap, src, dst, count)
+
+
+async def bare_hop_loop(bootstrap: str, count: int, headers_for: Callable[[int], list], partitions: int = 4) -> float:
+    """Records/s of the confluent-kafka relay that also reads ``reactivateAt``, picks the next
+    topic from a table and rewrites ``awakeAt`` in place (records with the headers
+    ``headers_for`` gives): the least a hop does, in plain Python."""
+    src, dst = unique("bare-src-"), unique("bare-dst-")
+    await create_topics(bootstrap, src, dst, partitions=partitions)
+    await preload(bootstrap, src, count, headers_for)
+    return await asyncio.to_thread(_confluent_relay_blocking, bootstrap, src, dst, count, hop=True)

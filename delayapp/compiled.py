@@ -10,7 +10,9 @@ The Python sources stay the reference and the fallback, used instead when
 
 * ``DELAYAPP_PURE_PYTHON=1`` is set (CI runs the unit tests this way as well), or
 * the build is missing or stale: its stamp does not match the sources' digest (a source edited
-  since ``bin/setup``), so an edit is never shadowed by old machine code.
+  since ``bin/setup``), so an edit is never shadowed by old machine code, or
+* the package is imported from an archive (the Spark jobs ship it zipped to their executors),
+  where no extension can load.
 
 :func:`prefer_sources` decides once per process, before any of them is imported
 (``delayapp/__init__.py`` calls it); :func:`status` says which it chose (the worker logs it).
@@ -72,7 +74,7 @@ def build_is_current() -> bool:
     """True when a build exists and was made from the sources as they are now."""
     try:
         return STAMP.read_text().strip() == sources_digest()
-    except OSError:
+    except OSError:  # no stamp, or sources not in a directory
         return False
 
 
@@ -84,7 +86,8 @@ class _SourceFinder(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in MODULES:
             return None
-        return importlib.util.spec_from_file_location(fullname, source_path(fullname))
+        source = source_path(fullname)
+        return importlib.util.spec_from_file_location(fullname, source) if source.is_file() else None
 
 
 def prefer_sources() -> str:
@@ -92,6 +95,9 @@ def prefer_sources() -> str:
     :func:`status`. Must run before any of :data:`MODULES` is imported."""
     global _status
     if _status != "not decided":
+        return _status
+    if not Path(__file__).is_file():  # imported from an archive (Spark ships the package zipped)
+        _status = "pure Python (imported from an archive)"
         return _status
     if os.environ.get(PURE_PYTHON_ENV, "").strip() not in ("", "0"):
         _status = f"pure Python ({PURE_PYTHON_ENV} is set)"

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,17 @@ def test_the_digest_follows_the_sources(tmp_path: Path, monkeypatch) -> None:
     before = compiled.sources_digest()
     source.write_text("A = 2\n")
     assert compiled.sources_digest() != before
+
+
+def test_imported_from_a_zip_the_sources_run(tmp_path: Path) -> None:
+    # Spark ships the package zipped to its executors (every file of it, as a build leaves it)
+    archive = tmp_path / "delayapp.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        for path in sorted((compiled.PACKAGE_ROOT / "delayapp").rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                zipped.write(path, path.relative_to(compiled.PACKAGE_ROOT).as_posix())
+    probe = f"import sys; sys.path.insert(0, {str(archive)!r})\n" + _PROBE
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["status"] == "pure Python (imported from an archive)"
+    assert seen["files"] and all(str(archive) in path and path.endswith(".py") for path in seen["files"])

@@ -102,6 +102,15 @@ def _time(raw: bytes | None) -> int | None:
     return None
 
 
+def _is_time(raw: bytes | None) -> bool:
+    """True for an epoch-ms header decode accepts, when its value is not needed: 12 to 14
+    digits without a leading zero always are (10^11 is the least, 10^14 below the most),
+    with no number built; anything else is checked as :func:`_time` does."""
+    if type(raw) is bytes and 12 <= len(raw) <= 14 and raw.isdigit() and not raw.startswith(b"0"):
+        return True
+    return _time(raw) is not None
+
+
 def _count(raw: bytes | None) -> int | None:
     """A count header as decode accepts it, or None."""
     if type(raw) is bytes and 0 < len(raw) <= 19 and raw.isdigit():
@@ -119,24 +128,63 @@ def _checked(decoder: Callable[[str, bytes | None], str], name: str, raw: bytes 
         return None
 
 
-class LeanView(NamedTuple):
-    """What the lean step consults of a record, read from its headers in one pass (:func:`scan`)."""
+class LeanView:
+    """What the lean step consults of a record, read from its headers in one pass (:func:`scan`).
 
-    header_bytes: int  # the headers' share of the record's size, as the loop counts it
-    awake: int  # awakeAt
-    due: int  # reactivateAt
-    valid: int | None  # validAt
-    expire: int | None  # expireAt
-    throttled: int | None  # throttledUntil
-    hops: int  # delayHops
-    retried: int | None  # timeRetried
-    delayed: int | None  # delayedAt
-    priority: bool
-    record_id: str
-    raw_target: bytes | None  # reactivateToTopic, checked when the step is taken
-    awake_index: int  # where awakeAt and delayHops are in the list (a hop rewrites them in place)
-    hops_index: int
-    replays: int = 0  # timeReplayed: the read model ranks a replayed record's steps by it
+    A plain class, not a named tuple: compiled, it is a C struct built without a Python call."""
+
+    __slots__ = (
+        "header_bytes",
+        "awake",
+        "due",
+        "valid",
+        "expire",
+        "throttled",
+        "hops",
+        "retried",
+        "delayed",
+        "priority",
+        "record_id",
+        "raw_target",
+        "awake_index",
+        "hops_index",
+        "replays",
+    )
+
+    def __init__(
+        self,
+        header_bytes: int,
+        awake: int,
+        due: int,
+        valid: int | None,
+        expire: int | None,
+        throttled: int | None,
+        hops: int,
+        retried: int | None,
+        delayed: int | None,
+        priority: bool,
+        record_id: str,
+        raw_target: bytes | None,
+        awake_index: int,
+        hops_index: int,
+        replays: int = 0,
+    ) -> None:
+        self.header_bytes = header_bytes  # the headers' share of the record's size, as the loop counts it
+        self.awake = awake  # awakeAt
+        self.due = due  # reactivateAt
+        self.valid = valid  # validAt
+        self.expire = expire  # expireAt
+        self.throttled = throttled  # throttledUntil
+        self.hops = hops  # delayHops
+        self.retried = retried  # timeRetried
+        self.delayed = delayed  # delayedAt
+        self.priority = priority
+        self.record_id = record_id
+        self.raw_target = raw_target  # reactivateToTopic, checked when the step is taken
+        # where awakeAt and delayHops are in the list (a hop rewrites them in place)
+        self.awake_index = awake_index
+        self.hops_index = hops_index
+        self.replays = replays  # timeReplayed: the read model ranks a replayed record's steps by it
 
 
 def scan(headers: LeanHeaders) -> LeanView | None:
@@ -194,6 +242,9 @@ def scan(headers: LeanHeaders) -> LeanView | None:
         elif kind == _REPLAYED:
             replays = _count(raw)
             if replays is None:
+                return None
+        elif kind == _ORIGINATED_AT:  # checked, not used
+            if not _is_time(raw):
                 return None
         else:
             value = _time(raw)
@@ -272,26 +323,11 @@ class LeanStep:
             view = scan(headers)
             if view is None:
                 return None
-        (
-            _,
-            _,
-            due,
-            valid,
-            expire,
-            throttled,
-            hops,
-            retried,
-            delayed,
-            priority,
-            record_id,
-            raw_target,
-            awake_index,
-            hops_index,
-            replays,
-        ) = view
+        due, valid, expire, throttled = view.due, view.valid, view.expire, view.throttled
+        hops, retried, delayed, record_id = view.hops, view.retried, view.delayed, view.record_id
         # the target's policy at every step, as the full path's: a record written straight into
         # a delay topic is held to the router's rules (a deployment has few targets: remembered)
-        target = _checked(h.decode_topic, h.REACTIVATE_TO_TOPIC, raw_target)
+        target = _checked(h.decode_topic, h.REACTIVATE_TO_TOPIC, view.raw_target)
         if target is None or self.policy.check_target(target, self.known_topics()) is not None:
             return None
         if retried is not None and retried > self.max_retries:
@@ -313,15 +349,26 @@ class LeanStep:
         if step is None:
             source = f"{where[0]}/{where[1]}/{offset}"
             return self._deliver(
-                headers, now, due, record_id, target, retried, hops, priority, throttled, delayed, source, replays
+                headers,
+                now,
+                due,
+                record_id,
+                target,
+                retried,
+                hops,
+                view.priority,
+                throttled,
+                delayed,
+                source,
+                view.replays,
             )
         denomination, duration = step
-        lane = priority and self.priority_lane
+        lane = view.priority and self.priority_lane
         topic = self._topics.get((denomination, lane))
         if topic is None:
             topic = self._topics[(denomination, lane)] = self._topic_of(denomination, lane)
-        headers[awake_index] = (h.AWAKE_AT, str(now + duration).encode())
-        headers[hops_index] = (h.DELAY_HOPS, str(hops + 1).encode())
+        headers[view.awake_index] = (h.AWAKE_AT, str(now + duration).encode())
+        headers[view.hops_index] = (h.DELAY_HOPS, str(hops + 1).encode())
         return LeanHop(topic, headers)
 
     def _deliver(

@@ -29,7 +29,12 @@ def package_zip(directory: str | os.PathLike[str]) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
         for source in sorted(package.rglob("*")):
-            if source.is_file() and "__pycache__" not in source.parts and source.suffix != ".pyc":
+            # sources only: a compiled module's extension (delayapp.compiled) cannot load from a zip
+            if (
+                source.is_file()
+                and "__pycache__" not in source.parts
+                and source.suffix not in (".pyc", ".so", ".stamp")
+            ):
                 archive.write(source, source.relative_to(package.parent).as_posix())
     return str(target)
 
