@@ -1,6 +1,6 @@
 """The step of each record a hop loop releases: a refusal to carry out, the lean step, or the
 handler's full path. Compiled with the record path (:mod:`delayapp.compiled`): it runs once per
-record, between the partition state machine and the handler, both compiled."""
+record, called by the partition state machine and calling the lean step, both compiled."""
 
 from __future__ import annotations
 
