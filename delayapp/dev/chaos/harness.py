@@ -428,6 +428,9 @@ class ChaosRun:
                 fault.uncommitted = await self._written_uncommitted_now(worker)
                 worker.kill(signal.SIGKILL)
                 for proxy in freeze:
+                    # what the worker sent after the reading waits in its connections: dropped,
+                    # not delivered at the heal (it would be a re-send nobody read)
+                    proxy.sever()
                     proxy.heal()
                 await self._restart(slot, self.rng.uniform(1, 3))
             else:

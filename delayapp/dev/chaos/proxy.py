@@ -3,6 +3,9 @@
 A cut stops moving bytes in both directions without closing anything, like a partition
 that drops packets: clients see requests time out, heartbeats stop, sessions expire. A
 heal resumes the flow; connections the clients gave up on meanwhile are closed by them.
+Bytes a client sent during a cut wait in the connection (in the proxy and the kernel's
+buffers) and are delivered at the heal, even from a client that died meanwhile, unless the
+connections are severed first (:meth:`CuttableProxy.sever`), which drops them.
 The proxy runs its own event loop in a thread so the harness's work cannot delay it.
 """
 
@@ -26,6 +29,8 @@ class CuttableProxy:
         self._loop = asyncio.new_event_loop()
         self._flowing: asyncio.Event | None = None
         self._server: asyncio.base_events.Server | None = None
+        # each open connection's task, with its two ends
+        self._connections: dict[asyncio.Task[None], tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = {}
         self._thread = threading.Thread(target=self._loop.run_forever, name="chaos-proxy", daemon=True)
 
     def start(self) -> CuttableProxy:
@@ -47,11 +52,17 @@ class CuttableProxy:
         except OSError:
             client_writer.close()
             return
-        await asyncio.gather(
-            self._pump(client_reader, up_writer), self._pump(up_reader, client_writer), return_exceptions=True
-        )
-        for writer in (client_writer, up_writer):
-            writer.close()
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections[task] = (client_writer, up_writer)
+        try:
+            await asyncio.gather(
+                self._pump(client_reader, up_writer), self._pump(up_reader, client_writer), return_exceptions=True
+            )
+        finally:
+            self._connections.pop(task, None)
+            for writer in (client_writer, up_writer):
+                writer.close()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._flowing is not None
@@ -78,6 +89,19 @@ class CuttableProxy:
         """Let traffic flow again."""
         assert self._flowing is not None  # set by start()
         self._loop.call_soon_threadsafe(self._flowing.set)
+
+    def sever(self) -> None:
+        """Close every open connection at once, dropping the bytes waiting in it (what its
+        client sent during a cut never arrives); new connections are served as before."""
+
+        async def drop() -> None:
+            for task, ends in list(self._connections.items()):
+                for writer in ends:
+                    writer.transport.abort()  # at once, its buffered bytes discarded
+                task.cancel()
+            await asyncio.gather(*self._connections, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(drop(), self._loop).result(5)
 
     def stop(self) -> None:
         """Close the listener and stop the thread."""
