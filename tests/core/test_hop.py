@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delayapp.core import headers as h
+from delayapp.core import hop
 from delayapp.core.cancel import CancelRequest
 from delayapp.core.hop import LeanDelivery, LeanHop
 from delayapp.core.ladder import Ladder
@@ -179,3 +180,16 @@ def test_the_lean_step_decides_as_the_full_path_or_not_at_all(data: st.DataObjec
         assert output.audit == step.audit
     else:
         assert output.audit is not None and output.audit.status == "waiting"
+
+
+@given(
+    st.one_of(
+        st.integers(min_value=0, max_value=10**16).map(lambda n: str(n).encode()),
+        st.integers(min_value=0, max_value=10**15).map(lambda n: b"0" + str(n).encode()),
+        st.sampled_from([b"", b" 1700000000000", b"1700000000000 ", b"17000000000x0", None]),
+        st.binary(max_size=20),
+    )
+)
+def test_a_time_checked_without_its_number_is_accepted_exactly_when_decoded(raw) -> None:
+    # originatedAt is validated, not used: the shortcut must agree with building the number
+    assert hop._is_time(raw) == (hop._time(raw) is not None)
