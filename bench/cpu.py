@@ -22,7 +22,7 @@ import time
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message, Producer
 
 from bench.common import VALUE_1KB
-from bench.relay import HEADERS
+from bench.engine import routed_headers
 from delayapp.core import headers as h
 from delayapp.core.audit import delivered, waiting
 from delayapp.core.clock import GuardedClock, now_ms
@@ -65,15 +65,7 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
     else:
         raise ValueError(f"unknown step {step!r}")
     topic = layout.ingress if ingress else layout.delay_topic(denomination)
-    routed = h.DelayHeaders(
-        originated_at=now - 1000,
-        time_retried=0,
-        delayed_at=now - 1000,
-        reactivate_at=due,
-        reactivate_to_topic="cpu-sink",
-        awake_at=now - 1000,
-        delay_hops=1,
-    )
+    routed = routed_headers(due, "cpu-sink", now=now)
     messages = [
         Message(
             topic=topic,
@@ -84,10 +76,7 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
             headers=(
                 [(h.REACTIVATE_TO_TOPIC, b"cpu-sink"), (h.REACTIVATE_AT, str(due).encode())]
                 if ingress
-                else [
-                    (name, raw if isinstance(raw, bytes) else str(raw).encode())
-                    for name, raw in h.encode(routed._replace(record_id=f"id-{i}"), HEADERS)
-                ]
+                else [(name, raw if isinstance(raw, bytes) else str(raw).encode()) for name, raw in routed(i)]
             ),
             timestamp=(TIMESTAMP_LOG_APPEND_TIME, now - 1000),
         )

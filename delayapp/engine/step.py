@@ -31,7 +31,7 @@ class Steps:
             refused = writer.refused.pop((key, entry.offset), None)
             if refused is not None:
                 return [self.handler.refused(as_record(entry), refused, now=now)]
-        if not self.ingress and not writer.careful_until:
+        if not self.ingress and not writer.careful:
             message = entry.record
             if isinstance(message, Message):  # the lean step: a hop or a delivery from raw headers
                 step = self.handler.lean(message.value(), entry.size, entry.headers, now, key, entry.offset, entry.lean)
