@@ -118,6 +118,9 @@ async def run(
         conf = await repeat("confluent-kafka relay", "rec/s", runs, warm, lambda i: relay.confluent_relay(bootstrap, n))
         # the floor of a hop in Python: the relay reading one header, picking a topic, rewriting one
         headers = engine.routed_headers(now_ms() + 1_800_000, "sink", now=now_ms())
+        carried = await repeat(
+            "relay of a hop's records", "rec/s", runs, warm, lambda i: relay.relay_of(bootstrap, n, headers)
+        )
         bare = await repeat("bare hop loop", "rec/s", runs, warm, lambda i: relay.bare_hop_loop(bootstrap, n, headers))
         best_relay = max(aio.median, conf.median)
         report.data["relay"] = {
@@ -125,10 +128,19 @@ async def run(
             "confluent": conf.runs,
             "records": n,
             "best": best_relay,
+            "relay_of_hop_records": carried.runs,
             "bare_hop_loop": bare.runs,
         }
         report.add("relay: aiokafka (1 KB, commit per batch)", f"{aio.median:,.0f} rec/s")
         report.add("relay: confluent-kafka", f"{conf.median:,.0f} rec/s")
+        _ratio(
+            report,
+            f"relay of a hop's records ({len(headers(0))} headers, not read; the relay's carry {len(relay.HEADERS)})",
+            carried.median,
+            best_relay,
+            "relay",
+            None,
+        )
         _ratio(
             report,
             "bare hop loop (the relay + read a header, pick a topic, rewrite one)",
@@ -313,12 +325,13 @@ async def run(
             label = "audit and read model on" if audit else "delay engine only, audit off"
             for r in rows:
                 grown = (
-                    f", +{r['bytes_per_record']:.0f} B per waiting record since {levels[0]:,}"
+                    f", {r['bytes_per_record']:+.0f} B per waiting record since {levels[0]:,}; right after the "
+                    f"fold {r['rss_after_fold_mb']:.0f} MB, {r['bytes_per_record_after_fold']:+.0f} B"
                     if r.get("bytes_per_record") is not None
-                    else ""
+                    else f"; right after the fold {r['rss_after_fold_mb']:.0f} MB"
                 )
                 report.add(
-                    f"worker RSS, {r['waiting']:,} waiting ({label})",
+                    f"worker RSS, {r['waiting']:,} waiting ({label}; once freed memory is released)",
                     f"{r['rss_mb']:.0f} MB (idle {r['idle_rss_mb']:.0f} MB{grown})",
                 )
             restart = rows[-1].get("restart")

@@ -28,7 +28,7 @@ from delayapp.dev.chaos.procs import TopicCollector, WorkerProcess, embedded_bro
 from delayapp.engine.bootstrap import bootstrap_topics
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.loop import HopLoop
-from delayapp.engine.service import build_policy, tune_collector
+from delayapp.engine.service import RELEASE_FREED_S, build_policy, tune_collector
 from delayapp.settings import load_settings
 
 
@@ -284,6 +284,15 @@ async def burst(bootstrap: str, count: int, lead_s: float, *, external: bool = F
         }
 
 
+async def _rss_peak(pid: int, samples: int = 6) -> float:
+    """The highest of ``samples`` RSS readings (MB) of ``pid`` and its children, half a second apart."""
+    peak = 0.0
+    for _ in range(samples):
+        peak = max(peak, _rss_mb(pid))
+        await asyncio.sleep(0.5)
+    return peak
+
+
 def _rss_mb(pid: int) -> float:
     process = psutil.Process(pid)
     return (process.memory_info().rss + sum(c.memory_info().rss for c in process.children(recursive=True))) / 1e6
@@ -360,15 +369,28 @@ async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, 
                     if time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.5)
-            samples = []
-            for _ in range(6):
-                samples.append(_rss_mb(worker.process.pid))
-                await asyncio.sleep(0.5)
-            row = {"waiting": level, "rss_mb": max(samples), "idle_rss_mb": idle, "routed_in_s": routed_s}
+            settled_at = time.monotonic() + RELEASE_FREED_S + 2
+            after_fold = await _rss_peak(worker.process.pid)
+            # The level's figure is taken once the worker has handed back what the burst of
+            # routing and folding it left freed in the heap (its periodic release, every
+            # RELEASE_FREED_S): what it holds with the backlog waiting, not the burst's leftovers,
+            # which the figure right after the fold shows beside it.
+            await asyncio.sleep(max(0.0, settled_at - time.monotonic()))
+            row = {
+                "waiting": level,
+                "rss_mb": await _rss_peak(worker.process.pid),
+                "rss_after_fold_mb": after_fold,
+                "idle_rss_mb": idle,
+                "routed_in_s": routed_s,
+            }
             if known is not None:
                 row["read_model_waiting"] = known
             if out:
-                row["bytes_per_record"] = (row["rss_mb"] - out[0]["rss_mb"]) * 1e6 / (level - out[0]["waiting"])
+                for figure, key in (
+                    ("rss_mb", "bytes_per_record"),
+                    ("rss_after_fold_mb", "bytes_per_record_after_fold"),
+                ):
+                    row[key] = (row[figure] - out[0][figure]) * 1e6 / (level - out[0]["waiting"])
             out.append(row)
         if audit:
             out[-1]["restart"] = await _restart_and_lookups(bootstrap, prefix, worker)

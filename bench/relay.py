@@ -1,9 +1,10 @@
 """The limit: a raw consume -> produce relay in one process, offsets committed per batch.
 
 1 KB records with key and headers kept; aiokafka and confluent-kafka (librdkafka). The faster
-of the two is the ceiling one Python process can reach on this broker. Beside them, the bare
-hop loop (:func:`bare_hop_loop`): the relay plus the least a hop must do in Python, the floor
-of any hop written in Python on this broker.
+of the two is the ceiling one Python process can reach on this broker. Beside them, the same
+relay moving records that carry a hop's headers (:func:`relay_of`), and the bare hop loop
+(:func:`bare_hop_loop`): the relay plus the least a hop must do in Python, the floor of any hop
+written in Python on this broker.
 """
 
 from __future__ import annotations
@@ -114,6 +115,15 @@ async def confluent_relay(bootstrap: str, count: int, partitions: int = 4) -> fl
     src, dst = unique("relay-src-"), unique("relay-dst-")
     await create_topics(bootstrap, src, dst, partitions=partitions)
     await preload(bootstrap, src, count, lambda i: HEADERS)
+    return await asyncio.to_thread(_confluent_relay_blocking, bootstrap, src, dst, count)
+
+
+async def relay_of(bootstrap: str, count: int, headers_for: Callable[[int], list], partitions: int = 4) -> float:
+    """Records/s of the confluent-kafka relay moving records with the headers ``headers_for``
+    gives, without reading them: with a hop's own headers, what carrying them costs a relay."""
+    src, dst = unique("relay-src-"), unique("relay-dst-")
+    await create_topics(bootstrap, src, dst, partitions=partitions)
+    await preload(bootstrap, src, count, headers_for)
     return await asyncio.to_thread(_confluent_relay_blocking, bootstrap, src, dst, count)
 
 

@@ -116,6 +116,9 @@ class Fault:
     #: a cut: what the cut workers' loops had written and not committed as it began (their
     #: /delay/stats, read as the proxies stop; shown beside what they reported once cut off)
     uncommitted_at_start: int | None = None
+    #: where this fault's duplicates were written: the delay topic of a hop done twice, or the
+    #: target of a delivery done twice (with its partition), and how many of each
+    duplicates_where: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -242,6 +245,16 @@ class ChaosResult:
                 ),
             ),
             (
+                "per fault with duplicates: where they were written (delay topic of a hop, or target; partition)",
+                "; ".join(
+                    f"{f.kind} {f.target}: "
+                    + ", ".join(f"{where} {n}" for where, n in sorted(f.duplicates_where.items(), key=lambda i: -i[1]))
+                    for f in self.faults
+                    if f.duplicates_where
+                )
+                or "none",
+            ),
+            (
                 "lateness outside fault windows p50 / p99 / max",
                 f"{_ms(self.lateness_p50_ms)} / {_ms(self.lateness_p99_ms)} / {_ms(self.lateness_max_ms)} "
                 f"({self.lateness_samples} records)",
@@ -255,6 +268,11 @@ class ChaosResult:
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
+
+
+def _where(record: Any) -> str:
+    """``topic/partition`` of a record read back."""
+    return f"{record.topic}/{record.partition}"
 
 
 def _ms(value: float | None) -> str:
@@ -680,26 +698,31 @@ class ChaosRun:
         of its delivery. Each new copy is dated by its write (the record's timestamp) and given
         to the last fault that began before it: the redo follows the fault within seconds,
         faults are further apart."""
-        writes: dict[str, dict[str, list[int]]] = {}  # id -> level (hops, or delivered) -> write times
+        # id -> level (hops, or delivered) -> (write time, where: topic/partition)
+        writes: dict[str, dict[str, list[tuple[int, str]]]] = {}
         for record in hop_records:
             headers = dict(record.headers)
             rid = (headers.get(h.RECORD_ID) or record.key or b"").decode()
             level = (headers.get(h.DELAY_HOPS) or b"0").decode()
-            writes.setdefault(rid, {}).setdefault(level, []).append(record.timestamp)
+            writes.setdefault(rid, {}).setdefault(level, []).append((record.timestamp, _where(record)))
         for rid, records in deliveries.items():
-            writes.setdefault(rid, {})["delivered"] = [r.timestamp for r in records]
+            writes.setdefault(rid, {})["delivered"] = [(r.timestamp, _where(r)) for r in records]
         starts = [f.start_ms for f in self.faults]
         before_faults = 0
         for levels in writes.values():
-            # (when, n): from then on the record has at least n copies; each copy beyond the
-            # first is new the first time any level shows it
-            seen = sorted((stamp, n) for stamps in levels.values() for n, stamp in enumerate(sorted(stamps), 1))
+            # (when, n, where): from then on the record has at least n copies; each copy beyond
+            # the first is new the first time any level shows it
+            seen = sorted(
+                (stamp, n, where) for stamped in levels.values() for n, (stamp, where) in enumerate(sorted(stamped), 1)
+            )
             copies = 1
-            for stamp, n in seen:
+            for stamp, n, where in seen:
                 for _ in range(copies, n):
                     caused_by = [i for i, start in enumerate(starts) if start <= stamp]
                     if caused_by:
-                        self.faults[caused_by[-1]].duplicates += 1
+                        fault = self.faults[caused_by[-1]]
+                        fault.duplicates += 1
+                        fault.duplicates_where[where] = fault.duplicates_where.get(where, 0) + 1
                     else:
                         before_faults += 1
                 copies = max(copies, n)
