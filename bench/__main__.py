@@ -122,6 +122,9 @@ async def run(
             "relay of a hop's records", "rec/s", runs, warm, lambda i: relay.relay_of(bootstrap, n, headers)
         )
         bare = await repeat("bare hop loop", "rec/s", runs, warm, lambda i: relay.bare_hop_loop(bootstrap, n, headers))
+        bare_delivery = await repeat(
+            "bare delivery loop", "rec/s", runs, warm, lambda i: relay.bare_delivery_loop(bootstrap, n, headers)
+        )
         best_relay = max(aio.median, conf.median)
         report.data["relay"] = {
             "aiokafka": aio.runs,
@@ -130,6 +133,7 @@ async def run(
             "best": best_relay,
             "relay_of_hop_records": carried.runs,
             "bare_hop_loop": bare.runs,
+            "bare_delivery_loop": bare_delivery.runs,
         }
         report.add("relay: aiokafka (1 KB, commit per batch)", f"{aio.median:,.0f} rec/s")
         report.add("relay: confluent-kafka", f"{conf.median:,.0f} rec/s")
@@ -145,6 +149,14 @@ async def run(
             report,
             "bare hop loop (the relay + read a header, pick a topic, rewrite one)",
             bare.median,
+            best_relay,
+            "relay",
+            None,
+        )
+        _ratio(
+            report,
+            "bare delivery loop (the relay + a small event of each record written to two more topics)",
+            bare_delivery.median,
             best_relay,
             "relay",
             None,

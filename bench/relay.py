@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from bench.common import create_topics, preload, unique
@@ -58,10 +59,15 @@ async def aiokafka_relay(bootstrap: str, count: int, partitions: int = 4) -> flo
         await producer.stop()
 
 
-def _confluent_relay_blocking(bootstrap: str, src: str, dst: str, count: int, *, hop: bool = False) -> float:
+def _confluent_relay_blocking(
+    bootstrap: str, src: str, dst: str, count: int, *, hop: bool = False, step_to: tuple[str, str] | None = None
+) -> float:
     """The relay's loop; with ``hop``, each record's ``reactivateAt`` is read from its headers,
     the next topic is picked from a table by the time left, ``awakeAt`` is rewritten in place
-    and the record is written there (the topics named by the table all map to ``dst``)."""
+    and the record is written there (the topics named by the table all map to ``dst``). With
+    ``step_to`` (an audit topic, a states topic), each record's ``recordId`` is read and, beside
+    the record, a small event of its delivery is written to both, keyed by that id: the least a
+    delivery with its step published writes (headers passed on as they came, nothing checked)."""
     from confluent_kafka import Consumer, Producer
 
     next_topic = {bucket: dst for bucket in range(64)}  # by the bit length of the time left
@@ -96,12 +102,19 @@ def _confluent_relay_blocking(bootstrap: str, src: str, dst: str, count: int, *,
                             topic = next_topic[max(0, int(raw) - now).bit_length()]
                         elif name == "awakeAt":
                             headers[index] = (name, str(now + 60_000).encode())
-                while True:
-                    try:
-                        producer.produce(topic, m.value(), m.key(), headers=headers)
-                        break
-                    except BufferError:
-                        producer.poll(0.01)
+                writes = [(topic, m.value(), m.key(), headers)]
+                if step_to is not None:
+                    assert headers is not None
+                    record_id = next(raw for name, raw in headers if name == "recordId")
+                    event = orjson.dumps({"record_id": record_id.decode(), "status": "delivered", "at": now})
+                    writes += [(step_topic, event, record_id, None) for step_topic in step_to]
+                for write in writes:
+                    while True:
+                        try:
+                            producer.produce(write[0], write[1], write[2], headers=write[3])
+                            break
+                        except BufferError:
+                            producer.poll(0.01)
             producer.flush()
             consumer.commit(asynchronous=False)  # forward first, then commit
             done += len(batch)
@@ -125,6 +138,18 @@ async def relay_of(bootstrap: str, count: int, headers_for: Callable[[int], list
     await create_topics(bootstrap, src, dst, partitions=partitions)
     await preload(bootstrap, src, count, headers_for)
     return await asyncio.to_thread(_confluent_relay_blocking, bootstrap, src, dst, count)
+
+
+async def bare_delivery_loop(
+    bootstrap: str, count: int, headers_for: Callable[[int], list], partitions: int = 4
+) -> float:
+    """Records/s of the confluent-kafka relay that also writes, per record, a small delivery
+    event keyed by its ``recordId`` to an audit topic and a states topic: the least a delivery
+    with its step published does, in plain Python (three writes per record)."""
+    src, dst, audit, states = unique("bared-src-"), unique("bared-dst-"), unique("bared-audit-"), unique("bared-st-")
+    await create_topics(bootstrap, src, dst, audit, states, partitions=partitions)
+    await preload(bootstrap, src, count, headers_for)
+    return await asyncio.to_thread(_confluent_relay_blocking, bootstrap, src, dst, count, step_to=(audit, states))
 
 
 async def bare_hop_loop(bootstrap: str, count: int, headers_for: Callable[[int], list], partitions: int = 4) -> float:
