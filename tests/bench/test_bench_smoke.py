@@ -36,6 +36,8 @@ def test_bench_quick_run_writes_well_formed_json(tmp_path, bootstrap: str) -> No
     data = json.loads(out.read_text())
     assert data["machine"]["cores"] >= 1
     assert len(data["relay"]["aiokafka"]) == 1 and data["relay"]["aiokafka"][0] > 0
+    # the references beside the relay: a hop's headers carried, the bare hop and delivery loops
+    assert all(data["relay"][k][0] > 0 for k in ("relay_of_hop_records", "bare_hop_loop", "bare_delivery_loop"))
     hops = data["hops"]
     assert all(hops[k][0] > 0 for k in ("intermediate", "delivery_audit", "delivery_no_audit"))
     assert data["mix"]["mean_hops"] > 0 and data["mix"]["computed_logical_throughput"] > 0
