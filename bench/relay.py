@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from functools import partial
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -123,21 +124,34 @@ def _confluent_relay_blocking(
         consumer.close()
 
 
+async def _relay_run(
+    bootstrap: str,
+    count: int,
+    headers_for: Callable[[int], list],
+    partitions: int,
+    *,
+    steps: int = 0,
+    hop: bool = False,
+) -> float:
+    """Preload ``count`` records with ``headers_for``'s headers into a new topic and time the
+    confluent-kafka relay's loop over them (in a thread) to a new topic, with ``steps`` more new
+    topics for its delivery events (0 or 2) and ``hop`` as :func:`_confluent_relay_blocking` says."""
+    src, dst, *step_to = (unique("relay-") for _ in range(2 + steps))
+    await create_topics(bootstrap, src, dst, *step_to, partitions=partitions)
+    await preload(bootstrap, src, count, headers_for)
+    kwargs = {"hop": hop, "step_to": (step_to[0], step_to[1]) if steps else None}
+    return await asyncio.to_thread(partial(_confluent_relay_blocking, bootstrap, src, dst, count, **kwargs))
+
+
 async def confluent_relay(bootstrap: str, count: int, partitions: int = 4) -> float:
     """Records/s of the same relay written with confluent-kafka (run in a thread)."""
-    src, dst = unique("relay-src-"), unique("relay-dst-")
-    await create_topics(bootstrap, src, dst, partitions=partitions)
-    await preload(bootstrap, src, count, lambda i: HEADERS)
-    return await asyncio.to_thread(_confluent_relay_blocking, bootstrap, src, dst, count)
+    return await _relay_run(bootstrap, count, lambda i: HEADERS, partitions)
 
 
 async def relay_of(bootstrap: str, count: int, headers_for: Callable[[int], list], partitions: int = 4) -> float:
     """Records/s of the confluent-kafka relay moving records with the headers ``headers_for``
     gives, without reading them: with a hop's own headers, what carrying them costs a relay."""
-    src, dst = unique("relay-src-"), unique("relay-dst-")
-    await create_topics(bootstrap, src, dst, partitions=partitions)
-    await preload(bootstrap, src, count, headers_for)
-    return await asyncio.to_thread(_confluent_relay_blocking, bootstrap, src, dst, count)
+    return await _relay_run(bootstrap, count, headers_for, partitions)
 
 
 async def bare_delivery_loop(
@@ -146,17 +160,11 @@ async def bare_delivery_loop(
     """Records/s of the confluent-kafka relay that also writes, per record, a small delivery
     event keyed by its ``recordId`` to an audit topic and a states topic: the least a delivery
     with its step published does, in plain Python (three writes per record)."""
-    src, dst, audit, states = unique("bared-src-"), unique("bared-dst-"), unique("bared-audit-"), unique("bared-st-")
-    await create_topics(bootstrap, src, dst, audit, states, partitions=partitions)
-    await preload(bootstrap, src, count, headers_for)
-    return await asyncio.to_thread(_confluent_relay_blocking, bootstrap, src, dst, count, step_to=(audit, states))
+    return await _relay_run(bootstrap, count, headers_for, partitions, steps=2)
 
 
 async def bare_hop_loop(bootstrap: str, count: int, headers_for: Callable[[int], list], partitions: int = 4) -> float:
     """Records/s of the confluent-kafka relay that also reads ``reactivateAt``, picks the next
     topic from a table and rewrites ``awakeAt`` in place (records with the headers
     ``headers_for`` gives): the least a hop does, in plain Python."""
-    src, dst = unique("bare-src-"), unique("bare-dst-")
-    await create_topics(bootstrap, src, dst, partitions=partitions)
-    await preload(bootstrap, src, count, headers_for)
-    return await asyncio.to_thread(_confluent_relay_blocking, bootstrap, src, dst, count, hop=True)
+    return await _relay_run(bootstrap, count, headers_for, partitions, hop=True)

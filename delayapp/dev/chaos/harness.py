@@ -28,6 +28,7 @@ import re
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
@@ -119,6 +120,9 @@ class Fault:
     #: where this fault's duplicates were written: the delay topic of a hop done twice, or the
     #: target of a delivery done twice (with its partition), and how many of each
     duplicates_where: dict[str, int] = field(default_factory=dict)
+    #: who reported this fault's ``uncommitted``: ``<worker> <loop>`` → records (a SIGKILL's
+    #: reading under ``<worker> killed``)
+    reported_by: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -246,13 +250,11 @@ class ChaosResult:
             ),
             (
                 "per fault with duplicates: where they were written (delay topic of a hop, or target; partition)",
-                "; ".join(
-                    f"{f.kind} {f.target}: "
-                    + ", ".join(f"{where} {n}" for where, n in sorted(f.duplicates_where.items(), key=lambda i: -i[1]))
-                    for f in self.faults
-                    if f.duplicates_where
-                )
-                or "none",
+                _per_fault(self.faults, lambda f: f.duplicates_where),
+            ),
+            (
+                "per fault with reports: who reported them written and not committed (worker, loop)",
+                _per_fault(self.faults, lambda f: f.reported_by),
             ),
             (
                 "lateness outside fault windows p50 / p99 / max",
@@ -268,6 +270,19 @@ class ChaosResult:
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
+
+
+def _per_fault(faults: list[Fault], counts: Callable[[Fault], dict[str, int]]) -> str:
+    """``kind target: name n, ...`` for each fault whose ``counts`` has any, largest first."""
+    return (
+        "; ".join(
+            f"{f.kind} {f.target}: "
+            + ", ".join(f"{name} {n}" for name, n in sorted(counts(f).items(), key=lambda i: -i[1]))
+            for f in faults
+            if counts(f)
+        )
+        or "none"
+    )
 
 
 def _where(record: Any) -> str:
@@ -495,11 +510,17 @@ class ChaosRun:
         reports = self._uncommitted_reports()
         starts = [f.start_ms for f in self.faults]
         total = sum(f.uncommitted for f in self.faults)  # the kills' figures, read before each kill
-        for at, _worker, _loop, count in reports:
+        for fault in self.faults:
+            if fault.kind == "sigkill" and fault.uncommitted:
+                fault.reported_by[f"{fault.target} killed"] = fault.uncommitted
+        for at, worker, loop, count in reports:
             total += count
             before = [i for i, start in enumerate(starts) if start <= at]
             if before:
-                self.faults[before[-1]].uncommitted += count
+                fault = self.faults[before[-1]]
+                fault.uncommitted += count
+                who = f"{worker.rsplit('-', 1)[-1]} {loop}"
+                fault.reported_by[who] = fault.reported_by.get(who, 0) + count
         return total
 
     # -- verification --------------------------------------------------------------------------
