@@ -423,7 +423,13 @@ class HopLoop(Service):
         consumer.assign(starts)
         self._joined, self._joined_at = True, time.monotonic()
         self.stats.rebalances += 1
-        log.info("%s: assigned %d partitions of %s", self.label, len(partitions), self.topic)
+        log.info(
+            "%s: assigned %d partitions of %s, from %s",
+            self.label,
+            len(partitions),
+            self.topic,
+            _positions((tp.topic, tp.partition, tp.offset if tp.offset >= 0 else None) for tp in starts),
+        )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # 1. Still a member of the old generation: finish what is in flight, forward first,
@@ -437,18 +443,32 @@ class HopLoop(Service):
             except Exception as exc:
                 log.warning("%s: could not commit before the rebalance (%s); the next owner redoes it", self.label, exc)
                 committer.abandon()
+        if partitions:
+            log.info(
+                "%s: revoked %d partitions (the broker's commits %s)",
+                self.label,
+                len(partitions),
+                _positions(self._broker_commit_of(tp) for tp in partitions),
+            )
         self._forget([(tp.topic, tp.partition) for tp in partitions], "revoked")
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # The group moved on without us (session expired): nothing may be committed any more;
         # an open transaction is aborted, and the new owners redo what was written.
         log.warning(
-            "%s: lost %d partitions (this member was evicted); dropping what is in flight", self.label, len(partitions)
+            "%s: lost %d partitions (this member was evicted; the broker's commits %s); dropping what is in flight",
+            self.label,
+            len(partitions),
+            _positions(self._broker_commit_of(tp) for tp in partitions),
         )
         self._joined = False
         if self._committer is not None:
             self._committer.abandon()
         self._forget([(tp.topic, tp.partition) for tp in partitions], "lost")
+
+    def _broker_commit_of(self, tp: TopicPartition) -> tuple[str, int, int | None]:
+        """``tp`` with the offset of the latest commit the broker acknowledged for it (None: none)."""
+        return tp.topic, tp.partition, self._broker_commits.get((tp.topic, tp.partition), (None, ""))[0]
 
     def _forget(self, keys: list[PartitionKey], why: str) -> None:
         """Stop serving ``keys`` (revoked or lost, ``why``): what was written and not committed is
@@ -670,6 +690,12 @@ class HopLoop(Service):
                 else "",
             )
         return count
+
+
+def _positions(positions: Iterable[tuple[str, int, int | None]]) -> str:
+    """``topic[partition]@offset, ...`` (``@start`` where there is no offset): where a partition
+    is served from, or what its broker holds, in a log line an operator can compare across workers."""
+    return ", ".join(f"{t}[{p}]@{'start' if o is None else o}" for t, p, o in sorted(positions)) or "nothing"
 
 
 class _AtLeastInfo(logging.LoggerAdapter[logging.Logger]):
