@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from delayapp.dev.chaos.procs import tcp_ports_of
 from delayapp.dev.chaos.proxy import CuttableProxy
 from delayapp.dev.embedded_broker import free_port
 
@@ -86,3 +88,29 @@ def test_severing_drops_what_was_sent_during_the_cut_and_serves_new_connections(
     with socket.create_connection(("127.0.0.1", proxy.listen_port)) as client:
         client.sendall(b"after")
         assert _wait(lambda: sink.got() == b"before after")
+
+
+def test_severing_one_clients_connections_leaves_the_others_held_until_the_heal(sink_and_proxy) -> None:
+    sink, proxy = sink_and_proxy
+    killed = socket.create_connection(("127.0.0.1", proxy.listen_port))
+    alive = socket.create_connection(("127.0.0.1", proxy.listen_port))
+    killed.sendall(b"K")
+    alive.sendall(b"A")
+    assert _wait(lambda: sorted(sink.got()) == sorted(b"KA"))
+    proxy.cut()
+    killed.sendall(b"k")
+    alive.sendall(b"a")
+    killed_port = killed.getsockname()[1]  # the client's end, as the proxy sees its peer
+    killed.close()
+    proxy.sever([killed_port])
+    proxy.heal()
+    assert _wait(lambda: sink.got().count(b"a") == 1), "the live client's bytes were dropped"
+    assert not _wait(lambda: b"k" in sink.got(), 0.3), "the severed client's bytes were delivered"
+    alive.close()
+
+
+def test_a_processs_connections_are_known_by_their_local_ports(sink_and_proxy) -> None:
+    _, proxy = sink_and_proxy
+    with socket.create_connection(("127.0.0.1", proxy.listen_port)) as client:
+        ports = tcp_ports_of(os.getpid())
+        assert ports is not None and client.getsockname()[1] in ports

@@ -459,11 +459,15 @@ class ChaosRun:
                     proxy.cut()
                 fault.frozen = bool(freeze)
                 fault.uncommitted = await self._written_uncommitted_now(worker)
+                # the embedded broker's one proxy carries every worker: only the killed one's
+                # connections are severed (a live worker's are held by the cut, as any worker's
+                # are, and flow on at the heal); a worker's own proxy carries only its own
+                ports = worker.tcp_ports() if self.proxy else None
                 worker.kill(signal.SIGKILL)
                 for proxy in freeze:
                     # what the worker sent after the reading waits in its connections: dropped,
                     # not delivered at the heal (it would be a re-send nobody read)
-                    proxy.sever()
+                    proxy.sever(ports)
                     proxy.heal()
                 await self._restart(slot, self.rng.uniform(1, 3))
             else:

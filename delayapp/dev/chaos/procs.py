@@ -142,6 +142,29 @@ class TopicCollector:
             await self._consumer.stop()
 
 
+def tcp_ports_of(pid: int) -> set[int] | None:
+    """The local ports of ``pid``'s TCP sockets, from ``/proc`` (its file descriptors' socket
+    inodes, looked up in this network namespace's TCP tables); None where ``/proc`` cannot say."""
+    try:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):  # closed since it was listed
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[len("socket:[") : -1])
+        ports = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as lines:
+                next(lines)  # the header
+                for line in lines:
+                    fields = line.split()
+                    if fields[9] in inodes:
+                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        return ports
+    except OSError:
+        return None
+
+
 class WorkerProcess:
     """A real ``faust -A <app> worker`` process with its own environment and log file."""
 
@@ -181,6 +204,13 @@ class WorkerProcess:
     def alive(self) -> bool:
         """True while the process runs."""
         return self.process is not None and self.process.poll() is None
+
+    def tcp_ports(self) -> set[int] | None:
+        """The local ports of the process's TCP sockets (its connections' client ends), read
+        from ``/proc``; None where that cannot be read (not Linux, the process gone)."""
+        if self.process is None:
+            return None
+        return tcp_ports_of(self.process.pid)
 
     @property
     def log(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Collection
 
 
 class CuttableProxy:
@@ -90,16 +91,25 @@ class CuttableProxy:
         assert self._flowing is not None  # set by start()
         self._loop.call_soon_threadsafe(self._flowing.set)
 
-    def sever(self) -> None:
-        """Close every open connection at once, dropping the bytes waiting in it (what its
-        client sent during a cut never arrives); new connections are served as before."""
+    def sever(self, client_ports: Collection[int] | None = None) -> None:
+        """Close open connections at once, dropping the bytes waiting in them (what their
+        clients sent during a cut never arrives, nor what the upstream answered): every one, or
+        those whose client connected from one of ``client_ports`` (one process's sockets, where
+        several share the proxy). New connections are served as before."""
+
+        def chosen(client: asyncio.StreamWriter) -> bool:
+            if client_ports is None:
+                return True
+            peer = client.get_extra_info("peername")
+            return bool(peer) and peer[1] in client_ports
 
         async def drop() -> None:
-            for task, ends in list(self._connections.items()):
-                for writer in ends:
+            dropped = [task for task, (client, _) in self._connections.items() if chosen(client)]
+            for task in dropped:
+                for writer in self._connections[task]:
                     writer.transport.abort()  # at once, its buffered bytes discarded
                 task.cancel()
-            await asyncio.gather(*self._connections, return_exceptions=True)
+            await asyncio.gather(*dropped, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(drop(), self._loop).result(5)
 
