@@ -2,9 +2,10 @@
 
 1 KB records with key and headers kept; aiokafka and confluent-kafka (librdkafka). The faster
 of the two is the ceiling one Python process can reach on this broker. Beside them, the same
-relay moving records that carry a hop's headers (:func:`relay_of`), and the bare hop loop
+relay moving records that carry a hop's headers (:func:`relay_of`), the bare hop loop
 (:func:`bare_hop_loop`): the relay plus the least a hop must do in Python, the floor of any hop
-written in Python on this broker.
+written in Python on this broker, and the bare delivery loop (:func:`bare_delivery_loop`), the
+least a delivery with its step published writes.
 """
 
 from __future__ import annotations
