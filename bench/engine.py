@@ -133,7 +133,8 @@ async def hop_throughput(
 
 def routed_headers(due: int, target: str, *, now: int) -> Callable[[int], list]:
     """The headers of the ``i``-th record as the router writes them on a record it admitted
-    (scheduled a second before ``now``, due at ``due``) and hopped once (h.encode's order)."""
+    (scheduled a second before ``now``, due at ``due``) and hopped once: the producer's own,
+    then its delay state packed into ``delayState`` (h.encode_packed)."""
     routed = h.DelayHeaders(
         originated_at=now - 1000,
         time_retried=0,
@@ -143,7 +144,7 @@ def routed_headers(due: int, target: str, *, now: int) -> Callable[[int], list]:
         awake_at=now - 1000,
         delay_hops=1,
     )
-    return lambda i: h.encode(routed._replace(record_id=f"id-{i}"), HEADERS)
+    return lambda i: h.encode_packed(routed._replace(record_id=f"id-{i}"), HEADERS)
 
 
 def hop_counts(ladder: str, delays: list[int]) -> tuple[float, float]:

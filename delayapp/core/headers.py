@@ -11,6 +11,15 @@ Go producers can set them without a library. Names are the white paper's:
 
 Every other header, the key and the value pass through untouched and in order.
 
+On the delay topics the same state travels packed into one header, ``delayState``
+(:func:`pack`, :func:`encode_packed`): ``awakeAt=...;delayHops=...;...;recordId=...``, the same
+names and values joined by ``;``, ``awakeAt`` and ``delayHops`` first (a hop rewrites only
+those) and ``recordId`` last (its value may hold any printable character). One header instead
+of ten is most of what moving a record costs librdkafka, the broker and the Python binding
+between them (each header is an object built on every fetch and copied on every write). The
+router writes it, a delivery turns it back into the plain irremovable headers, and
+:func:`decode` reads either form, so producers, targets and dead letters see plain headers only.
+
 Some headers only delayapp may write (:data:`NEVER_FROM_PRODUCER`): the per-hop state
 (``delayedAt``, ``awakeAt``, ``delayHops``, ``throttledUntil``) and the dead-letter headers.
 At ingress they are stripped (:func:`strip_never_from_producer`); a dead letter, which keeps
@@ -41,6 +50,7 @@ DELAY_MS = "delayMs"
 DELAY_HOPS = "delayHops"
 PRIORITY = "delayPriority"  # "high": the priority lane (its own delay topics, served first)
 THROTTLED_UNTIL = "throttledUntil"  # a delivery slot reserved under the target's rate limit
+DELAY_STATE = "delayState"  # on the delay topics: all of the above, packed into one header (see pack)
 
 PRIORITY_HIGH = "high"
 PRIORITIES = ("high", "normal")
@@ -51,9 +61,10 @@ DELAY_HEADERS = IRREMOVABLE + REMOVABLE
 TIME_HEADERS = (ORIGINATED_AT, VALID_AT, EXPIRE_AT, DELAYED_AT, REACTIVATE_AT, AWAKE_AT, THROTTLED_UNTIL)
 """The headers that hold a point in time (epoch ms); ``delayMs`` is a duration, not one of them."""
 
-ENGINE_STATE = (DELAYED_AT, AWAKE_AT, DELAY_HOPS, THROTTLED_UNTIL)
+ENGINE_STATE = (DELAYED_AT, AWAKE_AT, DELAY_HOPS, THROTTLED_UNTIL, DELAY_STATE)
 """Removable headers only the engine writes: when the record entered (the router's broker
-time, which cancels compare), when it next wakes, its hop count, its reserved delivery slot."""
+time, which cancels compare), when it next wakes, its hop count, its reserved delivery slot,
+and the whole state packed for the delay topics."""
 
 # Dead-letter records keep the original key, value and headers and add these.
 DEAD_LETTER_REASON = "deadLetterReason"
@@ -253,7 +264,9 @@ _DECODERS: dict[str, tuple[str, Callable[[str, bytes | None], int | str]]] = {
 
 
 def decode(headers: Headers | None) -> tuple[DelayHeaders, HeaderList]:
-    """Split Kafka headers into the decoded delay state and the other headers (in order).
+    """Split Kafka headers into the decoded delay state and the other headers (in order); the
+    state may be plain headers, packed into ``delayState`` (:func:`unpack`), or both (a field
+    given twice is refused).
 
     Raises :class:`HeaderError` for a delay header that is repeated, null, non-ASCII,
     non-decimal or out of range. Other headers are never inspected.
@@ -262,6 +275,13 @@ def decode(headers: Headers | None) -> tuple[DelayHeaders, HeaderList]:
     passthrough: HeaderList = []
     decoders = _DECODERS
     for name, raw in headers or ():
+        if name == DELAY_STATE:  # the packed form: its fields count as headers (a repeat is refused)
+            for packed_name, packed_raw in unpack(raw):
+                field, decoder = decoders[packed_name]
+                if field in values:
+                    raise HeaderError(packed_name, "appears more than once")
+                values[field] = decoder(packed_name, packed_raw)
+            continue
         known = decoders.get(name)
         if known is None:
             passthrough.append((name, raw if type(raw) is bytes else b"" if raw is None else bytes(raw)))
@@ -271,6 +291,69 @@ def decode(headers: Headers | None) -> tuple[DelayHeaders, HeaderList]:
             raise HeaderError(name, "appears more than once")
         values[field] = decoder(name, raw)
     return DelayHeaders(**values), passthrough
+
+
+# The packed header's order: what a hop rewrites first, the record id (free text) last.
+PACKED_ORDER: Final = (AWAKE_AT, DELAY_HOPS) + tuple(
+    name for name in DELAY_HEADERS if name not in (AWAKE_AT, DELAY_HOPS, RECORD_ID)
+)
+_PACKED_FIELDS = [(name, DELAY_HEADERS.index(name)) for name in PACKED_ORDER]
+_PACKED_NAMES: Final = {name.encode(): name for name in DELAY_HEADERS}
+PACKED_RECORD_ID: Final = b"recordId="
+"""Where the record id begins in a packed value: after this, to its end (the last field)."""
+
+
+def pack(state: DelayHeaders) -> bytes:
+    """``state`` as the value of one ``delayState`` header (see the module): ``name=value``
+    pairs joined by ``;`` in :data:`PACKED_ORDER`, then ``recordId=`` and the id, unset fields left out."""
+    parts = [f"{name}={state[index]}" for name, index in _PACKED_FIELDS if state[index] is not None]
+    if state.record_id is not None:
+        parts.append(f"{RECORD_ID}={state.record_id}")
+    return ";".join(parts).encode("ascii")
+
+
+def encode_packed(state: DelayHeaders, passthrough: Iterable[tuple[str, bytes]] = ()) -> HeaderList:
+    """Kafka headers for ``state`` on a delay topic: the passthrough headers first, then ``delayState``."""
+    return [*passthrough, (DELAY_STATE, pack(state))]
+
+
+def unpack(raw: bytes | None) -> HeaderList:
+    """The plain headers a ``delayState`` value packs, in its order; :class:`HeaderError` says
+    what is wrong with one that is not a list of ``name=value`` pairs of delay headers. Their
+    values are checked by :func:`decode`, as any header's."""
+    if raw is None:
+        raise HeaderError(DELAY_STATE, "has no value (null)")
+    raw = bytes(raw)
+    if not raw:
+        raise HeaderError(DELAY_STATE, "is empty")
+    head, found, record_id = raw.partition(PACKED_RECORD_ID)
+    if found and head and not head.endswith(b";"):  # "...xrecordId=": not the field's name
+        raise HeaderError(DELAY_STATE, f"has a malformed field before recordId: {raw[:80]!r}")
+    out: HeaderList = []
+    for field in head.split(b";")[:-1] if found else raw.split(b";"):
+        name, equals, value = field.partition(b"=")
+        known = _PACKED_NAMES.get(name)
+        if not equals or known is None or known == RECORD_ID:
+            raise HeaderError(DELAY_STATE, f"holds {field[:60]!r}, not a delay header's name=value")
+        out.append((known, value))
+    if found:
+        out.append((RECORD_ID, record_id))
+    return out
+
+
+def plain(headers: Headers | None) -> list[tuple[str, bytes | None]]:
+    """``headers`` with a ``delayState`` header replaced, in its place, by the plain headers it
+    packs; one that does not unpack is left as it is (:func:`decode` refuses it, and says why)."""
+    out: list[tuple[str, bytes | None]] = []
+    for name, raw in headers or ():
+        if name == DELAY_STATE:
+            try:
+                out.extend(unpack(raw))
+                continue
+            except HeaderError:
+                pass
+        out.append((name, raw))
+    return out
 
 
 def strip_never_from_producer(headers: Headers | None) -> tuple[list[tuple[str, bytes | None]], list[str]]:

@@ -3,18 +3,21 @@ straight from its raw headers, with no decoded state and no output object.
 
 Almost every step a delay worker takes is one of two: an intermediate hop (5-7 per record on
 realistic delays), which moves a record that is not due one denomination on, or the delivery
-of a record that is due. Each consults only some headers: the due time and what can move it
+of a record that is due. Each consults only some of its state: the due time and what can move it
 (``reactivateAt``, ``validAt``, ``throttledUntil``), the expiry, the retry count, the lane,
 the hop count, and, for the cancel check, the record id and its entry time; a delivery also
 the target, the headers it keeps and the replay count (``timeReplayed``, which its step
-carries). :class:`LeanStep` reads exactly those from the header list librdkafka hands over,
+carries). On a delay topic that state is one header, ``delayState``
+(:func:`delayapp.core.headers.pack`). :class:`LeanStep` reads those fields from it,
 checks them as :func:`delayapp.core.headers.decode` would, and answers a hop (the next delay
-topic and the same list with ``awakeAt`` and ``delayHops`` rewritten in place, no audit event:
-hops are not published by default) or a delivery (the target, the headers without those
-delayapp removes, and the step's audit event).
+topic and the same header list with ``delayState`` rewritten in place: its first two fields,
+``awakeAt`` and ``delayHops``, new, the rest copied as bytes; no audit event: hops are not
+published by default) or a delivery (the target, the record's own headers and the irremovable
+ones of its state, plain, and the step's audit event).
 
-Anything else is not its business and it says so by answering None: a header it consults
-that is missing, repeated or malformed, an expired record or one past its retries, a delay
+Anything else is not its business and it says so by answering None: a field it consults
+that is missing, repeated or malformed, a state given in plain headers (written by hand, or
+before the state was packed), an expired record or one past its retries, a delay
 beyond the maximum, a pending cancel, a target the policy refuses, a rate-limited delivery.
 The caller then takes the full path (:class:`delayapp.engine.handler.RecordHandler`), which
 decodes every header, applies every policy and dead-letters with the reason. So the lean step
@@ -26,7 +29,9 @@ loop holds the others), and it reads the record's value only to refuse a tombsto
 from __future__ import annotations
 
 from collections.abc import Callable, Container
-from typing import Final, NamedTuple
+from typing import Final
+
+from mypy_extensions import i64
 
 from delayapp.core import headers as h
 from delayapp.core.audit import AuditEvent, delivered
@@ -37,7 +42,8 @@ from delayapp.core.policies import Policy, Wait
 
 HEADER_OVERHEAD_BYTES: Final = 10  # per header, beyond its name and value, in the size the loop counts
 
-# What the lean step reads, by header name: a bit each, compared in the loop below
+# What the lean step reads in a packed delayState (h.pack), by field name: a bit each, compared
+# in the loop below. awakeAt and delayHops come first and recordId last in every packed value.
 _REACTIVATE_AT: Final = 1
 _AWAKE_AT: Final = 2
 _HOPS: Final = 4
@@ -53,23 +59,37 @@ _ORIGINATED_AT: Final = 2048
 _DELAY_MS: Final = 4096
 _REPLAYED: Final = 8192
 _READ: Final = {
-    h.REACTIVATE_AT: _REACTIVATE_AT,
-    h.AWAKE_AT: _AWAKE_AT,
-    h.DELAY_HOPS: _HOPS,
-    h.TIME_RETRIED: _RETRIED,
-    h.PRIORITY: _PRIORITY,
-    h.RECORD_ID: _RECORD_ID,
-    h.REACTIVATE_TO_TOPIC: _TARGET,
-    h.VALID_AT: _VALID_AT,
-    h.EXPIRE_AT: _EXPIRE_AT,
-    h.THROTTLED_UNTIL: _THROTTLED,
-    h.DELAYED_AT: _DELAYED_AT,
-    h.ORIGINATED_AT: _ORIGINATED_AT,
-    h.DELAY_MS: _DELAY_MS,
-    h.TIME_REPLAYED: _REPLAYED,
+    name.encode(): kind
+    for name, kind in (
+        (h.REACTIVATE_AT, _REACTIVATE_AT),
+        (h.AWAKE_AT, _AWAKE_AT),
+        (h.DELAY_HOPS, _HOPS),
+        (h.TIME_RETRIED, _RETRIED),
+        (h.PRIORITY, _PRIORITY),
+        (h.RECORD_ID, _RECORD_ID),
+        (h.REACTIVATE_TO_TOPIC, _TARGET),
+        (h.VALID_AT, _VALID_AT),
+        (h.EXPIRE_AT, _EXPIRE_AT),
+        (h.THROTTLED_UNTIL, _THROTTLED),
+        (h.DELAYED_AT, _DELAYED_AT),
+        (h.ORIGINATED_AT, _ORIGINATED_AT),
+        (h.DELAY_MS, _DELAY_MS),
+        (h.TIME_REPLAYED, _REPLAYED),
+    )
 }
-# Headers a delivery removes (what the full path's irremovable state leaves out)
-_REMOVED: Final = frozenset(h.REMOVABLE)
+_COUNTS: Final = _RETRIED | _REPLAYED
+_PACKED: Final = h.DELAY_STATE
+_PLAIN: Final = frozenset(h.DELAY_HEADERS)  # a delay header outside delayState: the full path's
+_AWAKE_FIELD: Final = b"awakeAt="
+_HOPS_FIELD: Final = b"delayHops="
+_RECORD_ID_FIELD: Final = b";recordId="
+_SEMICOLON: Final = 59
+_EQUALS: Final = 61
+_ZERO: Final = 48
+_NINE: Final = 57
+# The packed fields a delivery keeps as plain headers at the target, after recordId, in the
+# order the full path writes them (h.encode: the irremovable headers)
+_KEPT: Final = {name.encode(): name for name in h.IRREMOVABLE if name != h.RECORD_ID}
 _MIN_TIME: Final = h.MIN_TIMESTAMP_MS
 _MAX_TIME: Final = h.MAX_TIMESTAMP_MS
 _MAX_COUNT: Final = h.MAX_COUNT
@@ -78,46 +98,69 @@ LeanHeaders = list[tuple[str, bytes | None]]
 """A record's headers as librdkafka hands them over (a fresh list the caller owns)."""
 
 
-class LeanHop(NamedTuple):
-    """An intermediate hop: write the fetched record to ``topic`` with ``headers`` (rewritten in place)."""
+class LeanHop:
+    """An intermediate hop: write the fetched record to ``topic`` with ``headers`` (rewritten in place).
 
-    topic: str
-    headers: LeanHeaders
+    A plain class, not a named tuple: compiled, it is built without a Python call."""
+
+    __slots__ = ("topic", "headers")
+
+    def __init__(self, topic: str, headers: LeanHeaders) -> None:
+        self.topic = topic
+        self.headers = headers
 
 
-class LeanDelivery(NamedTuple):
+class LeanDelivery:
     """A delivery: write the fetched record to its target ``topic`` with ``headers``, and publish ``audit``."""
 
-    topic: str
-    headers: LeanHeaders
-    audit: AuditEvent
+    __slots__ = ("topic", "headers", "audit")
+
+    def __init__(self, topic: str, headers: LeanHeaders, audit: AuditEvent) -> None:
+        self.topic = topic
+        self.headers = headers
+        self.audit = audit
 
 
-def _time(raw: bytes | None) -> int | None:
-    """An epoch-ms header as decode accepts it, or None (the full path explains what is wrong)."""
-    if type(raw) is bytes and 0 < len(raw) <= 19 and raw.isdigit():
-        value = int(raw)
-        if _MIN_TIME <= value <= _MAX_TIME:
-            return value
-    return None
+def _number(packed: bytes, start: i64, size: i64) -> tuple[i64, i64]:
+    """The decimal number from ``start`` of ``packed`` to the next ``;`` (or its end), and where
+    it ends; -1 for the number when there is none, a character is not a digit, or it has more
+    than 18 (decode takes 19, all out of every range). Read byte by byte in machine integers
+    (``i64``): compiled, a few instructions a digit, where a slice and ``int()`` cost a thousand."""
+    value: i64 = 0
+    index: i64 = start
+    while index < size:
+        char: i64 = packed[index]
+        if char == _SEMICOLON:
+            break
+        if char < _ZERO or char > _NINE or index - start >= 18:
+            return -1, index
+        value = value * 10 + (char - _ZERO)
+        index += 1
+    if index == start:
+        return -1, index
+    return value, index
 
 
-def _is_time(raw: bytes | None) -> bool:
-    """True for an epoch-ms header decode accepts, when its value is not needed: 12 to 14
-    digits without a leading zero always are (10^11 is the least, 10^14 below the most),
-    with no number built; anything else is checked as :func:`_time` does."""
-    if type(raw) is bytes and 12 <= len(raw) <= 14 and raw.isdigit() and not raw.startswith(b"0"):
-        return True
-    return _time(raw) is not None
+def _until(packed: bytes, start: i64, size: i64, stop: i64) -> i64:
+    """Where the next byte ``stop`` is from ``start`` of ``packed`` (``size`` if none)."""
+    index: i64 = start
+    while index < size and packed[index] != stop:
+        index += 1
+    return index
 
 
-def _count(raw: bytes | None) -> int | None:
-    """A count header as decode accepts it, or None."""
-    if type(raw) is bytes and 0 < len(raw) <= 19 and raw.isdigit():
-        value = int(raw)
-        if value <= _MAX_COUNT:
-            return value
-    return None
+def _is_record_id(packed: bytes, start: i64, size: i64) -> bool:
+    """True when ``packed[start:size]`` is a record id decode accepts: 1 to 200 printable ASCII
+    characters, no space (``h.decode_record_id``)."""
+    if not 0 < size - start <= h.MAX_RECORD_ID_LENGTH:
+        return False
+    index: i64 = start
+    while index < size:
+        char: i64 = packed[index]
+        if char < 0x21 or char > 0x7E:
+            return False
+        index += 1
+    return True
 
 
 def _checked(decoder: Callable[[str, bytes | None], str], name: str, raw: bytes | None) -> str | None:
@@ -146,8 +189,9 @@ class LeanView:
         "priority",
         "record_id",
         "raw_target",
-        "awake_index",
-        "hops_index",
+        "packed_index",
+        "packed",
+        "tail",
         "replays",
     )
 
@@ -165,8 +209,9 @@ class LeanView:
         priority: bool,
         record_id: str,
         raw_target: bytes | None,
-        awake_index: int,
-        hops_index: int,
+        packed_index: int,
+        packed: bytes,
+        tail: int,
         replays: int = 0,
     ) -> None:
         self.header_bytes = header_bytes  # the headers' share of the record's size, as the loop counts it
@@ -181,76 +226,95 @@ class LeanView:
         self.priority = priority
         self.record_id = record_id
         self.raw_target = raw_target  # reactivateToTopic, checked when the step is taken
-        # where awakeAt and delayHops are in the list (a hop rewrites them in place)
-        self.awake_index = awake_index
-        self.hops_index = hops_index
+        self.packed_index = packed_index  # where delayState is in the header list (a hop rewrites it there)
+        self.packed = packed  # its value
+        self.tail = tail  # where its fields after awakeAt and delayHops begin (the ";" before them)
         self.replays = replays  # timeReplayed: the read model ranks a replayed record's steps by it
 
 
 def scan(headers: LeanHeaders) -> LeanView | None:
-    """The headers the lean step consults, read in one pass as :func:`delayapp.core.headers.decode`
-    would accept them, with the headers' size; None when one is missing, repeated or malformed
-    (the full path decides, and explains). The loop scans a record once, when it is fetched."""
-    due = valid = expire = throttled = hops = retried = delayed = awake = None
-    priority = False
-    replays: int | None = 0
-    record_id: str | None = None
-    raw_target: bytes | None = None
-    awake_index = hops_index = -1
+    """The state the lean step consults, read in one pass over ``headers`` and the packed
+    ``delayState`` among them (:func:`delayapp.core.headers.pack`) as
+    :func:`delayapp.core.headers.decode` would accept it, with the headers' size; None when a
+    field is missing, repeated or malformed, when the state is not packed as the router packs
+    it, or when a delay header is also given plain (the full path decides, and explains). The
+    loop scans a record once, when it is fetched."""
     header_bytes = 0
-    seen = 0  # the headers read so far: a repeated one is the full path's to refuse
-    read = _READ
+    packed: bytes | None = None
+    packed_index = -1
+    plain = _PLAIN
     for index, (name, raw) in enumerate(headers):
         header_bytes += len(name) + (len(raw) if raw is not None else 0) + HEADER_OVERHEAD_BYTES
-        kind = read.get(name)
-        if kind is None:
-            continue
-        if seen & kind:
+        if name == _PACKED:
+            if packed_index >= 0:
+                return None
+            packed_index = index
+            packed = raw
+        elif name in plain:
+            return None
+    if type(packed) is not bytes or not packed.startswith(_AWAKE_FIELD):
+        return None
+    # awakeAt, delayHops, the other fields, recordId: read in one pass, each number as it is read
+    size: i64 = len(packed)
+    awake, end = _number(packed, len(_AWAKE_FIELD), size)
+    if not _MIN_TIME <= awake <= _MAX_TIME or end == size:
+        return None
+    start = end + 1 + len(_HOPS_FIELD)
+    if packed[end + 1 : start] != _HOPS_FIELD:
+        return None
+    hops, tail = _number(packed, start, size)
+    if not 0 <= hops <= _MAX_COUNT or tail == size:
+        return None
+    due: int | None = None
+    valid: int | None = None
+    expire: int | None = None
+    throttled: int | None = None
+    retried: int | None = None
+    delayed: int | None = None
+    priority = False
+    replays = 0
+    raw_target: bytes | None = None
+    seen = _AWAKE_AT | _HOPS  # the fields read so far: a repeated one is the full path's to refuse
+    read = _READ
+    position = tail + 1
+    while True:
+        equals = _until(packed, position, size, _EQUALS)
+        kind = read.get(packed[position:equals], 0)
+        if kind == 0 or equals == size or seen & kind:
             return None
         seen |= kind
-        if kind == _REACTIVATE_AT:
-            due = _time(raw)
-            if due is None:
+        start = equals + 1
+        if kind == _RECORD_ID:  # the last field: its value is the rest, whatever it holds
+            if not _is_record_id(packed, start, size):
                 return None
-        elif kind == _AWAKE_AT:
-            awake = _time(raw)
-            if awake is None:
-                return None
-            awake_index = index
-        elif kind == _HOPS:
-            hops = _count(raw)
-            if hops is None:
-                return None
-            hops_index = index
-        elif kind == _RETRIED:
-            retried = _count(raw)
-            if retried is None:
-                return None
+            record_id = packed[start:].decode("ascii")
+            break
+        if kind == _TARGET:
+            end = _until(packed, start, size, _SEMICOLON)
+            raw_target = packed[start:end]
         elif kind == _PRIORITY:
-            if raw == b"high":
+            end = _until(packed, start, size, _SEMICOLON)
+            word = packed[start:end]
+            if word == b"high":
                 priority = True
-            elif raw != b"normal":
+            elif word != b"normal":
                 return None
-        elif kind == _RECORD_ID:
-            record_id = _checked(h.decode_record_id, name, raw)
-            if record_id is None:
-                return None
-        elif kind == _TARGET:
-            raw_target = raw
         elif kind == _DELAY_MS:
             return None  # a producer's relative delay: only the router turns it into a due time
-        elif kind == _REPLAYED:
-            replays = _count(raw)
-            if replays is None:
-                return None
-        elif kind == _ORIGINATED_AT:  # checked, not used
-            if not _is_time(raw):
-                return None
         else:
-            value = _time(raw)
-            if value is None:
+            value, end = _number(packed, start, size)
+            if kind & _COUNTS:
+                if not 0 <= value <= _MAX_COUNT:
+                    return None
+                if kind == _RETRIED:
+                    retried = value
+                else:
+                    replays = value
+            elif not _MIN_TIME <= value <= _MAX_TIME:
                 return None
-            if kind == _VALID_AT:
+            elif kind == _REACTIVATE_AT:
+                due = value
+            elif kind == _VALID_AT:
                 valid = value
             elif kind == _EXPIRE_AT:
                 expire = value
@@ -258,7 +322,11 @@ def scan(headers: LeanHeaders) -> LeanView | None:
                 throttled = value
             elif kind == _DELAYED_AT:
                 delayed = value
-    if due is None or awake is None or hops is None or record_id is None or replays is None:
+            # originatedAt: checked, not used
+        if end == size:
+            return None  # no recordId: not a record the router admitted
+        position = end + 1
+    if due is None:
         return None  # not a record the router admitted: the full path looks at it
     return LeanView(
         header_bytes,
@@ -273,8 +341,9 @@ def scan(headers: LeanHeaders) -> LeanView | None:
         priority,
         record_id,
         raw_target,
-        awake_index,
-        hops_index,
+        packed_index,
+        packed,
+        tail,
         replays,
     )
 
@@ -347,61 +416,46 @@ class LeanStep:
             return Wait(due)  # a hop this short would arrive after its due time: held here
         step = self.next_hop_ms(remaining)
         if step is None:
-            source = f"{where[0]}/{where[1]}/{offset}"
-            return self._deliver(
-                headers,
-                now,
-                due,
-                record_id,
-                target,
-                retried,
-                hops,
-                view.priority,
-                throttled,
-                delayed,
-                source,
-                view.replays,
-            )
+            return self._deliver(headers, view, now, due, target, f"{where[0]}/{where[1]}/{offset}")
         denomination, duration = step
         lane = view.priority and self.priority_lane
         topic = self._topics.get((denomination, lane))
         if topic is None:
             topic = self._topics[(denomination, lane)] = self._topic_of(denomination, lane)
-        headers[view.awake_index] = (h.AWAKE_AT, str(now + duration).encode())
-        headers[view.hops_index] = (h.DELAY_HOPS, str(hops + 1).encode())
+        awake, count = str(now + duration).encode(), str(hops + 1).encode()
+        packed = b"".join((_AWAKE_FIELD, awake, b";", _HOPS_FIELD, count, view.packed[view.tail :]))
+        headers[view.packed_index] = (_PACKED, packed)
         return LeanHop(topic, headers)
 
     def _deliver(
-        self,
-        headers: LeanHeaders,
-        now: int,
-        due: int,
-        record_id: str,
-        target: str,
-        retried: int | None,
-        hops: int,
-        priority: bool,
-        throttled: int | None,
-        delayed: int | None,
-        source: str,
-        replays: int,
+        self, headers: LeanHeaders, view: LeanView, now: int, due: int, target: str, source: str
     ) -> LeanDelivery | None:
-        """The delivery of a due record, or None when the full path must decide it."""
+        """The delivery of a due record, or None when the full path must decide it: its
+        headers at the target are its own, then those of its delay state that stay with it
+        (the irremovable ones), plain, as the full path writes them."""
         if not self.deliveries:
             return None
-        retries = retried or 0
         event = delivered(
-            record_id,
+            view.record_id,
             at=now,
-            retries=retries,
-            hops=hops,
+            retries=view.retried or 0,
+            hops=view.hops,
             target=target,
             due=due,
             source=source,
-            priority=priority,
-            throttled_until=throttled,
-            delayed_at=delayed,
-            replays=replays,
+            priority=view.priority,
+            throttled_until=view.throttled,
+            delayed_at=view.delayed,
+            replays=view.replays,
         )
-        removed = _REMOVED
-        return LeanDelivery(target, [(name, raw) for name, raw in headers if name not in removed], event)
+        skipped, packed = view.packed_index, view.packed
+        kept = [header for index, header in enumerate(headers) if index != skipped]
+        cut = packed.find(_RECORD_ID_FIELD)
+        kept.append((h.RECORD_ID, packed[cut + len(_RECORD_ID_FIELD) :]))
+        names = _KEPT
+        for field in packed[view.tail + 1 : cut].split(b";"):
+            name, _, raw = field.partition(b"=")
+            kept_name = names.get(name)
+            if kept_name is not None:
+                kept.append((kept_name, raw))
+        return LeanDelivery(target, kept, event)

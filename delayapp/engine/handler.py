@@ -285,7 +285,7 @@ class RecordHandler(Handler):
                 replays=new.time_replayed or 0,
             )
             topic = self.layout.delay_topic(step.hop.denomination_ms, priority=new.is_priority and self.priority_lane)
-            return [Output(topic, record.key, record.value, h.encode(new, passthrough), event)]
+            return [Output(topic, record.key, record.value, h.encode_packed(new, passthrough), event)]
         assert isinstance(step, Deliver)
         event = delivered(
             state.record_id or source,

@@ -16,7 +16,7 @@ from typing import cast
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, Message
 
 from delayapp.core.clock import GuardedClock, monotonic_ms
-from delayapp.core.headers import AWAKE_AT, REACTIVATE_TO_TOPIC, Headers
+from delayapp.core.headers import AWAKE_AT, REACTIVATE_TO_TOPIC, Headers, plain
 from delayapp.core.hop import HEADER_OVERHEAD_BYTES, LeanHeaders, scan
 from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending, credible_awake_at
 from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME
@@ -51,10 +51,11 @@ class FetchedRecord:
 
 
 def as_record(entry: Pending) -> ConsumedRecord:
-    """The record of ``entry`` as handlers read it (a delay topic's message is wrapped on first need)."""
+    """The record of ``entry`` as handlers read it (a delay topic's message is wrapped on first
+    need, its packed ``delayState`` read as the plain headers it holds: what a dead letter keeps)."""
     record = entry.record
     if isinstance(record, Message):
-        record = entry.record = FetchedRecord(record, entry.headers)
+        record = entry.record = FetchedRecord(record, plain(entry.headers))
     return cast(ConsumedRecord, record)
 
 
@@ -118,6 +119,7 @@ class Intake:
                 target = None
                 for name, raw in headers:
                     size += len(name) + len(raw or b"") + HEADER_OVERHEAD_BYTES
+                for name, raw in headers if ingress else plain(headers):
                     if name == AWAKE_AT:
                         awake_raw = raw
                     elif name == REACTIVATE_TO_TOPIC:

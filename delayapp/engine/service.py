@@ -127,7 +127,8 @@ class DelayEngine(Service):
             policy=self.policy,
             known_topics=(lambda: self.known_topics.names) if check else (lambda: None),
             max_record_bytes=settings.max_message_bytes,
-            cancellations=self.cancellations.get,
+            # the table's own lookup (compiled), not the registry's: asked at every step of every record
+            cancellations=self.cancellations.table.get,
             slots=DeliverySlots(settings.rates) if settings.rates else None,
             priority_lane=settings.priority_lane,
         )

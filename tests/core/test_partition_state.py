@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from unittest import mock
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from delayapp.core.partition import PartitionState, Pending
+from delayapp.core.policies import Wait
 from delayapp.core.released import MAX_METADATA_CHARS, MAX_RELEASED_SPAN, decode_released, encode_released
 from tests.support.partitions import NOW, ScanningPartition, fetched
-
-
-@dataclass(frozen=True)
-class Until:
-    """A step saying: not due before ``until_ms``."""
-
-    until_ms: int
 
 
 def handled_offsets(part: PartitionState, now: int = NOW, *, release_ahead: bool = True) -> list[int]:
@@ -55,7 +48,7 @@ def test_without_release_ahead_nothing_passes_a_waiting_head() -> None:
 def test_a_handler_wait_holds_the_record_until_then() -> None:
     part = PartitionState(0)
     part.add(fetched(0))
-    done = part.release_due(NOW, lambda entry, now: Until(NOW + 300), release_ahead=True)
+    done = part.release_due(NOW, lambda entry, now: Wait(NOW + 300), release_ahead=True)
     assert done == [] and part.wait_until == NOW + 300 and part.queue[0].awake_at == NOW + 300
 
 
@@ -234,7 +227,7 @@ def test_the_indexed_partition_releases_what_a_full_scan_releases(
         def handle(entry: Pending, now: int) -> object:
             if entry.offset in held_once and entry.offset not in seen:
                 seen.add(entry.offset)
-                return Until(now + 150)
+                return Wait(now + 150)
             return [entry.offset]
 
         return handle

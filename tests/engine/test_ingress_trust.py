@@ -211,7 +211,7 @@ def test_a_producer_set_awake_at_is_ignored_at_ingress() -> None:
     headers = [(h.REACTIVATE_TO_TOPIC, "orders"), (h.REACTIVATE_AT, NOW + 3_000), (h.AWAKE_AT, h.MAX_TIMESTAMP_MS)]
     out = only(handler().handle(ingress(headers), now=NOW, ingress=True))
     assert out.topic == LAYOUT.delay_topic(1_000) and out.audit.awake_at == NOW + 1_000
-    assert dict(out.headers)[h.AWAKE_AT] == str(NOW + 1_000).encode()
+    assert dict(h.plain(out.headers))[h.AWAKE_AT] == str(NOW + 1_000).encode()
     garbage = [(h.REACTIVATE_TO_TOPIC, "orders"), (h.REACTIVATE_AT, NOW), (h.AWAKE_AT, b"soon")]
     assert only(handler().handle(ingress(garbage), now=NOW, ingress=True)).topic == "orders"
 
@@ -240,6 +240,18 @@ def test_delayed_at_and_delay_hops_are_the_routers_own() -> None:
     out = only(handler().handle(ingress(headers, timestamp=NOW - 10), now=NOW, ingress=True))
     state, _ = h.decode(out.headers)
     assert state.delayed_at == NOW - 10 and state.delay_hops == 1
+
+
+def test_a_producer_set_delay_state_is_stripped_at_ingress() -> None:
+    """The packed state is the engine's as much as the plain headers it packs: a producer's
+    copy can neither make the record wait (awakeAt), skip hops nor pick its record id."""
+    forged = h.pack(h.DelayHeaders(awake_at=h.MAX_TIMESTAMP_MS, delay_hops=999, record_id="forged", delayed_at=NOW))
+    headers = [(h.REACTIVATE_TO_TOPIC, "orders"), (h.REACTIVATE_AT, NOW + 3_000), (h.DELAY_STATE, forged)]
+    out = only(handler().handle(ingress(headers, timestamp=NOW - 10), now=NOW, ingress=True))
+    assert [name for name, _ in out.headers].count(h.DELAY_STATE) == 1
+    state, _ = h.decode(out.headers)
+    assert state.awake_at == NOW + 1_000 and state.delay_hops == 1 and state.record_id != "forged"
+    assert state.delayed_at == NOW - 10
 
 
 def test_forged_dead_letter_headers_are_stripped_at_ingress_and_never_read_as_the_verdict() -> None:

@@ -726,7 +726,7 @@ class ChaosRun:
         # id -> level (hops, or delivered) -> (write time, where: topic/partition)
         writes: dict[str, dict[str, list[tuple[int, str]]]] = {}
         for record in hop_records:
-            headers = dict(record.headers)
+            headers = dict(h.plain(record.headers))
             rid = (headers.get(h.RECORD_ID) or record.key or b"").decode()
             level = (headers.get(h.DELAY_HOPS) or b"0").decode()
             writes.setdefault(rid, {}).setdefault(level, []).append((record.timestamp, _where(record)))
