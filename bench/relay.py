@@ -19,6 +19,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from bench.common import create_topics, preload, unique
+from delayapp.engine.loop import FETCH_QUEUE_BACKOFF_MS
 
 HEADERS = [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), ("tenant", b"bank-a")]
 
@@ -64,12 +65,13 @@ async def aiokafka_relay(bootstrap: str, count: int, partitions: int = 4) -> flo
 def _confluent_relay_blocking(
     bootstrap: str, src: str, dst: str, count: int, *, hop: bool = False, step_to: tuple[str, str] | None = None
 ) -> float:
-    """The relay's loop; with ``hop``, each record's ``reactivateAt`` is read from its headers,
-    the next topic is picked from a table by the time left, ``awakeAt`` is rewritten in place
-    and the record is written there (the topics named by the table all map to ``dst``). With
-    ``step_to`` (an audit topic, a states topic), each record's ``recordId`` is read and, beside
-    the record, a small event of its delivery is written to both, keyed by that id: the least a
-    delivery with its step published writes (headers passed on as they came, nothing checked)."""
+    """The relay's loop; with ``hop``, each record's ``reactivateAt`` is read from its
+    ``delayState`` header, the next topic is picked from a table by the time left, ``awakeAt``
+    (its first field) is rewritten in place and the record is written there (the topics named
+    by the table all map to ``dst``). With ``step_to`` (an audit topic, a states topic), each
+    record's ``recordId`` is read and, beside the record, a small event of its delivery is
+    written to both, keyed by that id: the least a delivery with its step published writes
+    (headers passed on as they came, nothing checked)."""
     from confluent_kafka import Consumer, Producer
 
     next_topic = {bucket: dst for bucket in range(64)}  # by the bit length of the time left
@@ -82,6 +84,9 @@ def _confluent_relay_blocking(
             "auto.offset.reset": "earliest",
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 1500,
+            # as the hop loops fetch: by default librdkafka waits 1 s before fetching again for a
+            # partition whose read-ahead was full, and a relay that empties it sooner sits idle
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         }
     )
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all", "enable.idempotence": False})
@@ -100,14 +105,15 @@ def _confluent_relay_blocking(
                 if hop:
                     assert headers is not None
                     for index, (name, raw) in enumerate(headers):
-                        if name == "reactivateAt":
-                            topic = next_topic[max(0, int(raw) - now).bit_length()]
-                        elif name == "awakeAt":
-                            headers[index] = (name, str(now + 60_000).encode())
+                        if name == "delayState":
+                            due = raw.index(b"reactivateAt=") + 13
+                            topic = next_topic[max(0, int(raw[due : raw.index(b";", due)]) - now).bit_length()]
+                            headers[index] = (name, b"awakeAt=" + str(now + 60_000).encode() + raw[raw.index(b";") :])
                 writes = [(topic, m.value(), m.key(), headers)]
                 if step_to is not None:
                     assert headers is not None
-                    record_id = next(raw for name, raw in headers if name == "recordId")
+                    packed = next(raw for name, raw in headers if name == "delayState")
+                    record_id = packed.partition(b"recordId=")[2]
                     event = orjson.dumps({"record_id": record_id.decode(), "status": "delivered", "at": now})
                     writes += [(step_topic, event, record_id, None) for step_topic in step_to]
                 for write in writes:
