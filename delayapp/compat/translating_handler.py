@@ -15,9 +15,8 @@ from delayapp.compat.cesium import translate_cesium
 from delayapp.compat.envelope import translate_envelope
 from delayapp.compat.translation import Translation
 from delayapp.core import headers as h
-from delayapp.core.hop import LeanHeaders, LeanView
 from delayapp.core.policies import DeadLetter, Wait
-from delayapp.engine.handler import Handler, LeanOutput, Output, RecordHandler
+from delayapp.engine.handler import Handler, Output, RecordHandler
 from delayapp.engine.records import ConsumedRecord
 
 Translate = Callable[[ConsumedRecord, int], Translation | DeadLetter]
@@ -46,6 +45,7 @@ class TranslatingHandler(Handler):
         self.inner = inner
         self.translate = translate
         self.layout = inner.layout
+        self.lean_step = None  # a compat source is an ingress, whose records the full path admits
 
     def translated(self, record: ConsumedRecord, now: int) -> TranslatedRecord | DeadLetter:
         """``record`` as the router will see it, or why it cannot be translated."""
@@ -67,19 +67,6 @@ class TranslatingHandler(Handler):
         """The target topics ``records`` name once translated (untranslatable ones name none)."""
         translated = (self.translated(record, now) for record in records)
         return self.inner.targets([t for t in translated if not isinstance(t, DeadLetter)], now=now)
-
-    def lean(
-        self,
-        value: bytes | None,
-        size: int,
-        headers: LeanHeaders,
-        now: int,
-        where: tuple[str, int],
-        offset: int,
-        view: LeanView | None = None,
-    ) -> LeanOutput | Wait | None:
-        """None: a compat source is an ingress, whose records the full path admits."""
-        return None
 
     def handle(
         self,

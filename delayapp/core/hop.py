@@ -16,9 +16,10 @@ published by default) or a delivery (the target, the record's own headers and th
 ones of its state, plain, and the step's audit event).
 
 Anything else is not its business and it says so by answering None: a field it consults
-that is missing, repeated or malformed, a state given in plain headers (written by hand, or
-before the state was packed), an expired record or one past its retries, a delay
-beyond the maximum, a pending cancel, a target the policy refuses, a rate-limited delivery.
+that is missing, repeated or malformed, fields out of the order the router writes them, a
+state given in plain headers (written by hand, or before the state was packed), an expired
+record or one past its retries, a delay beyond the maximum, a pending cancel, a target the
+policy refuses, a rate-limited delivery.
 The caller then takes the full path (:class:`delayapp.engine.handler.RecordHandler`), which
 decodes every header, applies every policy and dead-letters with the reason. So the lean step
 never decides differently from the full path, it only declines to decide (a property test
@@ -42,22 +43,24 @@ from delayapp.core.policies import Policy, Wait
 
 HEADER_OVERHEAD_BYTES: Final = 10  # per header, beyond its name and value, in the size the loop counts
 
-# What the lean step reads in a packed delayState (h.pack), by field name: a bit each, compared
-# in the loop below. awakeAt and delayHops come first and recordId last in every packed value.
-_REACTIVATE_AT: Final = 1
-_AWAKE_AT: Final = 2
-_HOPS: Final = 4
-_RETRIED: Final = 8
-_PRIORITY: Final = 16
-_RECORD_ID: Final = 32
-_TARGET: Final = 64
-_VALID_AT: Final = 128
-_EXPIRE_AT: Final = 256
-_THROTTLED: Final = 512
-_DELAYED_AT: Final = 1024
-_ORIGINATED_AT: Final = 2048
-_DELAY_MS: Final = 4096
-_REPLAYED: Final = 8192
+# What the lean step reads in a packed delayState (h.pack), by field name: a number each,
+# increasing in the order h.pack writes them (h.PACKED_ORDER, then recordId), so that a field
+# out of that order or repeated shows as a number not above the last. The ones below
+# _DELAYED_AT are those a delivery keeps at the target (the irremovable headers but recordId).
+_AWAKE_AT: Final = 1
+_HOPS: Final = 2
+_ORIGINATED_AT: Final = 3
+_RETRIED: Final = 4
+_VALID_AT: Final = 5
+_EXPIRE_AT: Final = 6
+_REPLAYED: Final = 7
+_DELAYED_AT: Final = 8
+_REACTIVATE_AT: Final = 9
+_TARGET: Final = 10
+_DELAY_MS: Final = 11
+_PRIORITY: Final = 12
+_THROTTLED: Final = 13
+_RECORD_ID: Final = 14
 _READ: Final = {
     name.encode(): kind
     for name, kind in (
@@ -77,12 +80,11 @@ _READ: Final = {
         (h.TIME_REPLAYED, _REPLAYED),
     )
 }
-_COUNTS: Final = _RETRIED | _REPLAYED
+assert [_READ[name.encode()] for name in (*h.PACKED_ORDER, h.RECORD_ID)] == list(range(1, 15)), "in h.pack's order"
 _PACKED: Final = h.DELAY_STATE
 _PLAIN: Final = frozenset(h.DELAY_HEADERS)  # a delay header outside delayState: the full path's
 _AWAKE_FIELD: Final = b"awakeAt="
 _HOPS_FIELD: Final = b"delayHops="
-_RECORD_ID_FIELD: Final = b";recordId="
 _SEMICOLON: Final = 59
 _EQUALS: Final = 61
 _ZERO: Final = 48
@@ -192,6 +194,7 @@ class LeanView:
         "packed_index",
         "packed",
         "tail",
+        "kept_end",
         "replays",
     )
 
@@ -212,6 +215,7 @@ class LeanView:
         packed_index: int,
         packed: bytes,
         tail: int,
+        kept_end: int,
         replays: int = 0,
     ) -> None:
         self.header_bytes = header_bytes  # the headers' share of the record's size, as the loop counts it
@@ -229,6 +233,7 @@ class LeanView:
         self.packed_index = packed_index  # where delayState is in the header list (a hop rewrites it there)
         self.packed = packed  # its value
         self.tail = tail  # where its fields after awakeAt and delayHops begin (the ";" before them)
+        self.kept_end = kept_end  # where those a delivery keeps at the target end (they come first)
         self.replays = replays  # timeReplayed: the read model ranks a replayed record's steps by it
 
 
@@ -274,15 +279,18 @@ def scan(headers: LeanHeaders) -> LeanView | None:
     priority = False
     replays = 0
     raw_target: bytes | None = None
-    seen = _AWAKE_AT | _HOPS  # the fields read so far: a repeated one is the full path's to refuse
+    last = _HOPS  # the field read last: one not after it is repeated or out of order (the full path's)
+    kept_end: i64 = -1  # where the fields a delivery keeps end (the first one after them begins)
     read = _READ
     position = tail + 1
     while True:
         equals = _until(packed, position, size, _EQUALS)
         kind = read.get(packed[position:equals], 0)
-        if kind == 0 or equals == size or seen & kind:
+        if kind <= last or equals == size:
             return None
-        seen |= kind
+        last = kind
+        if kind >= _DELAYED_AT and kept_end < 0:
+            kept_end = position
         start = equals + 1
         if kind == _RECORD_ID:  # the last field: its value is the rest, whatever it holds
             if not _is_record_id(packed, start, size):
@@ -303,13 +311,14 @@ def scan(headers: LeanHeaders) -> LeanView | None:
             return None  # a producer's relative delay: only the router turns it into a due time
         else:
             value, end = _number(packed, start, size)
-            if kind & _COUNTS:
+            if kind == _RETRIED:
                 if not 0 <= value <= _MAX_COUNT:
                     return None
-                if kind == _RETRIED:
-                    retried = value
-                else:
-                    replays = value
+                retried = value
+            elif kind == _REPLAYED:
+                if not 0 <= value <= _MAX_COUNT:
+                    return None
+                replays = value
             elif not _MIN_TIME <= value <= _MAX_TIME:
                 return None
             elif kind == _REACTIVATE_AT:
@@ -344,6 +353,7 @@ def scan(headers: LeanHeaders) -> LeanView | None:
         packed_index,
         packed,
         tail,
+        kept_end,
         replays,
     )
 
@@ -355,7 +365,8 @@ class LeanStep:
     ``topic_of(denomination_ms, priority)`` names the delay topic of a hop; ``cancellations``
     is the live cancel of a record id (None: none); ``known_topics`` the topics that exist
     (None: not checked); ``deliveries`` False leaves every delivery to the full path (a rate
-    limit reserves delivery slots there)."""
+    limit reserves delivery slots there); a record over ``max_record_bytes`` is the full path's
+    to refuse. The loop calls :meth:`take`."""
 
     def __init__(
         self,
@@ -367,8 +378,10 @@ class LeanStep:
         known_topics: Callable[[], Container[str] | None] = lambda: None,
         priority_lane: bool = True,
         deliveries: bool = True,
+        max_record_bytes: int = 1_048_576,
     ) -> None:
         self.next_hop_ms = planner.next_hop_ms
+        self.max_record_bytes = max_record_bytes
         self.policy = policy
         self.max_delay_ms = policy.max_delay_ms
         self.max_retries = policy.max_retries
@@ -379,6 +392,24 @@ class LeanStep:
         self.deliveries = deliveries
         self._topics: dict[tuple[int, bool], str] = {}
         self._topic_of = topic_of
+        self._targets: dict[bytes, str] = {}  # reactivateToTopic values checked as topic names
+
+    def take(
+        self,
+        value: bytes | None,
+        size: int,
+        headers: LeanHeaders,
+        now: int,
+        where: tuple[str, int],
+        offset: int,
+        view: LeanView | None = None,
+    ) -> LeanHop | LeanDelivery | Wait | None:
+        """The step of a delay topic's record of ``size`` bytes whose value is ``value``, as
+        :meth:`__call__` answers it, or None for a tombstone or an oversized record (refused on
+        the full path)."""
+        if value is None or size > self.max_record_bytes:
+            return None
+        return self(headers, now, where, offset, view)
 
     def __call__(
         self, headers: LeanHeaders, now: int, where: tuple[str, int], offset: int, view: LeanView | None = None
@@ -396,8 +427,16 @@ class LeanStep:
         hops, retried, delayed, record_id = view.hops, view.retried, view.delayed, view.record_id
         # the target's policy at every step, as the full path's: a record written straight into
         # a delay topic is held to the router's rules (a deployment has few targets: remembered)
-        target = _checked(h.decode_topic, h.REACTIVATE_TO_TOPIC, view.raw_target)
-        if target is None or self.policy.check_target(target, self.known_topics()) is not None:
+        raw_target = view.raw_target
+        target = self._targets.get(raw_target) if raw_target is not None else None
+        if target is None:
+            target = _checked(h.decode_topic, h.REACTIVATE_TO_TOPIC, raw_target)
+            if target is None:
+                return None
+            if len(self._targets) >= h.CHECKED_TOPICS_KEPT:  # bounded against a flood of forged names
+                self._targets.clear()
+            self._targets[bytes(raw_target or b"")] = target
+        if self.policy.check_target(target, self.known_topics()) is not None:
             return None
         if retried is not None and retried > self.max_retries:
             return None
@@ -450,12 +489,12 @@ class LeanStep:
         )
         skipped, packed = view.packed_index, view.packed
         kept = [header for index, header in enumerate(headers) if index != skipped]
-        cut = packed.find(_RECORD_ID_FIELD)
-        kept.append((h.RECORD_ID, packed[cut + len(_RECORD_ID_FIELD) :]))
-        names = _KEPT
-        for field in packed[view.tail + 1 : cut].split(b";"):
-            name, _, raw = field.partition(b"=")
-            kept_name = names.get(name)
-            if kept_name is not None:
-                kept.append((kept_name, raw))
+        kept.append((h.RECORD_ID, view.record_id.encode()))
+        position: i64 = view.tail + 1
+        kept_end: i64 = view.kept_end
+        while position < kept_end:  # the kept fields come first, in the order the full path writes them
+            equals = _until(packed, position, kept_end, _EQUALS)
+            end = _until(packed, equals, kept_end, _SEMICOLON)
+            kept.append((_KEPT[packed[position:equals]], packed[equals + 1 : end]))
+            position = end + 1
         return LeanDelivery(target, kept, event)

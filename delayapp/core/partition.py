@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from functools import partial
 from heapq import heapify, heappop, heappush
 from typing import Any
@@ -45,17 +44,27 @@ def credible_awake_at(awake_at: int | None, now: int, max_wait_ms: int) -> int |
     return awake_at
 
 
-@dataclass(slots=True)
 class Pending:
-    """A fetched record not yet committed: its offset, ``awakeAt`` (None: due now) and size."""
+    """A fetched record not yet committed: its offset, ``awakeAt`` (None: due now) and size.
 
-    offset: int
-    record: Any  # opaque here: whatever the loop fetched
-    awake_at: int | None
-    size: int
-    released: bool = False
-    headers: Any = None  # opaque here: the record's headers as the loop read them, if it keeps them apart
-    lean: Any = None  # opaque here: what the loop's lean step read of those headers, if anything
+    A plain class, not a dataclass: compiled, its constructor is native (a dataclass's
+    generated ``__init__`` stays Python), and one is built for every record fetched."""
+
+    __slots__ = ("offset", "record", "awake_at", "size", "released", "headers", "lean")
+
+    def __init__(
+        self, offset: int, record: Any, awake_at: int | None, size: int, headers: Any = None, lean: Any = None
+    ) -> None:
+        self.offset = offset
+        self.record = record  # opaque here: whatever the loop fetched
+        self.awake_at = awake_at
+        self.size = size
+        self.released = False
+        self.headers = headers  # opaque here: the record's headers as the loop read them, if it keeps them apart
+        self.lean = lean  # opaque here: what the loop's lean step read of those headers, if anything
+
+    def __repr__(self) -> str:
+        return f"Pending(offset={self.offset}, awake_at={self.awake_at}, size={self.size}, released={self.released})"
 
 
 class PartitionState:

@@ -15,7 +15,7 @@ from delayapp.core import headers as h
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq, delivered, waiting
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
-from delayapp.core.hop import HEADER_OVERHEAD_BYTES, LeanDelivery, LeanHeaders, LeanHop, LeanStep, LeanView
+from delayapp.core.hop import HEADER_OVERHEAD_BYTES, LeanDelivery, LeanHop, LeanStep
 from delayapp.core.layout import TopicLayout
 from delayapp.core.partition import credible_awake_at
 from delayapp.core.planner import Planner
@@ -77,6 +77,10 @@ class Handler(Protocol):
     :class:`RecordHandler` and :class:`delayapp.compat.translating_handler.TranslatingHandler` implement."""
 
     layout: TopicLayout  # the loop reads the dead-letter topic from it
+    lean_step: LeanStep | None
+    """The lean step (:mod:`delayapp.core.hop`) the loop asks first about a delay topic's
+    record (:meth:`~delayapp.core.hop.LeanStep.take`; when it answers None, :meth:`handle`
+    decides); None: every record takes :meth:`handle`."""
 
     def targets(self, records: Iterable[ConsumedRecord], *, now: int) -> set[str]:
         """The target topics ``records`` name (the loop makes sure they exist before deciding)."""
@@ -84,20 +88,6 @@ class Handler(Protocol):
 
     def handle(self, record: ConsumedRecord, *, now: int, ingress: bool, max_wait_ms: int = 0) -> Wait | list[Output]:
         """Wait (not due: the partition waits) or the records to produce for ``record``."""
-        ...
-
-    def lean(
-        self,
-        value: bytes | None,
-        size: int,
-        headers: LeanHeaders,
-        now: int,
-        where: tuple[str, int],
-        offset: int,
-        view: LeanView | None = None,
-    ) -> LeanOutput | Wait | None:
-        """The lean step of a delay topic's record read at ``offset`` of partition ``where``
-        (see :mod:`delayapp.core.hop`), or None: :meth:`handle` decides."""
         ...
 
     def refused(self, record: ConsumedRecord, verdict: DeadLetter, *, now: int, drop_value: bool = False) -> Output:
@@ -139,7 +129,7 @@ class RecordHandler(Handler):
         self._delay_topics = frozenset((*layout.delay_topics.values(), *layout.priority_topics.values()))
         # ingress records without broker time that wait in the router: when it first read them
         self._first_seen: dict[tuple[str, int, int], int] = {}
-        self._lean = LeanStep(
+        self.lean_step: LeanStep | None = LeanStep(
             planner=planner,
             policy=policy,
             topic_of=lambda denomination, priority: layout.delay_topic(denomination, priority=priority),
@@ -147,24 +137,8 @@ class RecordHandler(Handler):
             known_topics=known_topics,
             priority_lane=priority_lane,
             deliveries=slots is None,  # a rate limit reserves delivery slots on the full path
+            max_record_bytes=max_record_bytes,
         )
-
-    def lean(
-        self,
-        value: bytes | None,
-        size: int,
-        headers: LeanHeaders,
-        now: int,
-        where: tuple[str, int],
-        offset: int,
-        view: LeanView | None = None,
-    ) -> LeanOutput | Wait | None:
-        """The lean step of a delay topic's record of ``size`` bytes, read at ``offset`` of
-        partition ``where`` (``view``: what :func:`delayapp.core.hop.scan` read of its headers),
-        or None: :meth:`handle` decides (a tombstone and an oversized record are refused there)."""
-        if value is None or size > self.max_record_bytes:
-            return None
-        return self._lean(headers, now, where, offset, view)
 
     def targets(self, records: Iterable[ConsumedRecord], *, now: int) -> set[str]:
         """The target topics ``records`` name (their ``reactivateToTopic``), read without decoding the rest."""

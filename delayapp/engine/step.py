@@ -19,6 +19,7 @@ class Steps:
 
     def __init__(self, *, handler: Handler, writer: Writer, ingress: bool, max_wait_ms: int) -> None:
         self.handler = handler
+        self.lean_step = handler.lean_step
         self.writer = writer
         self.ingress = ingress
         self.max_wait_ms = max_wait_ms
@@ -31,10 +32,11 @@ class Steps:
             refused = writer.refused.pop((key, entry.offset), None)
             if refused is not None:
                 return [self.handler.refused(as_record(entry), refused, now=now)]
-        if not self.ingress and not writer.careful:
+        lean_step = self.lean_step
+        if lean_step is not None and not self.ingress and not writer.careful:
             message = entry.record
             if isinstance(message, Message):  # the lean step: a hop or a delivery from raw headers
-                step = self.handler.lean(message.value(), entry.size, entry.headers, now, key, entry.offset, entry.lean)
+                step = lean_step.take(message.value(), entry.size, entry.headers, now, key, entry.offset, entry.lean)
                 if step is not None:
                     return step
         return self.handler.handle(as_record(entry), now=now, ingress=self.ingress, max_wait_ms=self.max_wait_ms)

@@ -37,7 +37,8 @@ def handler(**kwargs) -> RecordHandler:
 
 
 def lean(handler: RecordHandler, headers: list, now: int = NOW, value: bytes | None = b"v"):
-    return handler.lean(value, 100, list(headers), now, SOURCE[:2], SOURCE[2])
+    assert handler.lean_step is not None
+    return handler.lean_step.take(value, 100, list(headers), now, SOURCE[:2], SOURCE[2])
 
 
 def full(handler: RecordHandler, headers: list, now: int = NOW, value: bytes | None = b"v"):
@@ -109,8 +110,10 @@ def test_what_is_not_its_business_is_left_to_the_full_path() -> None:
     throttled = handler(slots=DeliverySlots(parse_rates("orders=1/s")))
     assert lean(throttled, admitted(reactivate_at=NOW - 1)) is None  # rate-limited: slots on the full path
     assert isinstance(lean(throttled, admitted()), LeanHop)  # ... but hops need no slot
-    assert lean(hh, with_fields(admitted(), b"timeReplayed=x")) is None  # a malformed replay count
+    assert lean(hh, admitted(time_replayed="x")) is None  # a malformed replay count
     assert lean(hh, with_fields(admitted(), b"delayHops=3")) is None  # a repeated field
+    assert lean(hh, with_fields(admitted(), b"timeRetried=0")) is None  # ... out of the router's order
+    assert isinstance(full(hh, with_fields(admitted(), b"validAt=%d" % NOW)), list), "the full path reads any order"
 
 
 def with_fields(headers: list, *fields: bytes) -> list:
