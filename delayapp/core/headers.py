@@ -21,7 +21,8 @@ router writes it, a delivery turns it back into the plain irremovable headers, a
 :func:`decode` reads either form, so producers, targets and dead letters see plain headers only.
 
 Some headers only delayapp may write (:data:`NEVER_FROM_PRODUCER`): the per-hop state
-(``delayedAt``, ``awakeAt``, ``delayHops``, ``throttledUntil``) and the dead-letter headers.
+(``delayedAt``, ``awakeAt``, ``delayHops``, ``throttledUntil``, and ``delayState``, which
+packs them with the rest) and the dead-letter headers.
 At ingress they are stripped (:func:`strip_never_from_producer`); a dead letter, which keeps
 the record as sent, carries them renamed (:func:`as_sent`). Time headers are epoch
 milliseconds; a value below :data:`MIN_TIMESTAMP_MS` is refused (:class:`NotEpochMillis`):
@@ -313,8 +314,10 @@ def pack(state: DelayHeaders) -> bytes:
 
 
 def encode_packed(state: DelayHeaders, passthrough: Iterable[tuple[str, bytes]] = ()) -> HeaderList:
-    """Kafka headers for ``state`` on a delay topic: the passthrough headers first, then ``delayState``."""
-    return [*passthrough, (DELAY_STATE, pack(state))]
+    """Kafka headers for ``state`` on a delay topic: the passthrough headers first, then
+    ``delayState`` (none for a state without a field set, as :func:`encode` writes none)."""
+    packed = pack(state)
+    return [*passthrough, (DELAY_STATE, packed)] if packed else list(passthrough)
 
 
 def unpack(raw: bytes | None) -> HeaderList:

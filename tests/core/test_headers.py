@@ -23,6 +23,80 @@ def test_round_trip_keeps_other_headers_in_order() -> None:
     assert h.decode(h.encode(state, passthrough)) == (state, passthrough)
 
 
+def test_the_packed_state_is_one_header_read_as_the_plain_ones() -> None:
+    state = h.DelayHeaders(
+        record_id="id;with=recordId=inside",
+        originated_at=1_700_000_000_000,
+        time_retried=1,
+        delayed_at=1_700_000_000_001,
+        reactivate_at=1_700_000_060_000,
+        reactivate_to_topic="orders",
+        awake_at=1_700_000_030_000,
+        delay_hops=2,
+        priority="high",
+    )
+    headers = h.encode_packed(state, [("traceparent", b"00-abc")])
+    assert [name for name, _ in headers] == ["traceparent", h.DELAY_STATE]
+    assert headers[1][1].startswith(b"awakeAt=1700000030000;delayHops=2;originatedAt=")
+    assert headers[1][1].endswith(b";recordId=id;with=recordId=inside"), "the record id last, whatever it holds"
+    assert h.decode(headers) == (state, [("traceparent", b"00-abc")])
+    assert h.decode(h.plain(headers)) == h.decode(headers)
+    assert h.plain(headers) == [("traceparent", b"00-abc"), *h.unpack(headers[1][1])]
+
+
+_times = st.one_of(st.none(), st.integers(h.MIN_TIMESTAMP_MS, h.MAX_TIMESTAMP_MS))
+_counts = st.one_of(st.none(), st.integers(0, h.MAX_COUNT))
+
+
+@given(
+    st.builds(
+        h.DelayHeaders,
+        record_id=st.one_of(st.none(), st.text(alphabet=[chr(c) for c in range(0x21, 0x7F)], min_size=1, max_size=40)),
+        originated_at=_times,
+        time_retried=_counts,
+        valid_at=_times,
+        expire_at=_times,
+        time_replayed=_counts,
+        delayed_at=_times,
+        reactivate_at=_times,
+        reactivate_to_topic=st.one_of(st.none(), st.sampled_from(["orders", "a.b-c_d"])),
+        awake_at=_times,
+        delay_ms=st.one_of(st.none(), st.integers(0, h.MAX_TIMESTAMP_MS)),
+        delay_hops=_counts,
+        priority=st.sampled_from([None, "high", "normal"]),
+        throttled_until=_times,
+    )
+)
+def test_a_packed_state_decodes_to_itself(state: h.DelayHeaders) -> None:
+    assert h.decode(h.encode_packed(state)) == (state, [])
+
+
+@pytest.mark.parametrize(
+    ("packed", "fragment"),
+    [
+        (None, "null"),
+        (b"", "empty"),
+        (b"awakeAt", "name=value"),
+        (b"awakeAt=1;bogus=2", "name=value"),
+        (b"delayState=1", "name=value"),
+        (b"awakeAt=1xrecordId=5", "malformed"),
+        (b"awakeAt=soon;recordId=r", "decimal"),
+        (b"delayHops=1;delayHops=2", "more than once"),
+    ],
+)
+def test_a_malformed_packed_state_raises_with_reason(packed, fragment) -> None:
+    with pytest.raises(HeaderError) as info:
+        h.decode([(h.DELAY_STATE, packed)])
+    assert fragment in str(info.value)
+    assert h.plain([(h.DELAY_STATE, packed)]) == [(h.DELAY_STATE, packed)] or fragment in ("decimal", "more than once")
+
+
+def test_a_field_both_packed_and_plain_is_refused() -> None:
+    headers = [*h.encode_packed(h.DelayHeaders(reactivate_at=1_700_000_000_000)), (h.REACTIVATE_AT, b"1700000000000")]
+    with pytest.raises(HeaderError, match="more than once"):
+        h.decode(headers)
+
+
 def test_irremovable_drops_removable_headers() -> None:
     state = h.DelayHeaders(
         record_id="r1",

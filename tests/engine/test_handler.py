@@ -46,9 +46,12 @@ FUZZ_HANDLER = RecordHandler(
 )
 
 header_values = st.one_of(
-    st.none(), st.binary(max_size=24), st.integers(-10, 2 * 10**13).map(lambda i: str(i).encode())
+    st.none(),
+    st.binary(max_size=24),
+    st.integers(-10, 2 * 10**13).map(lambda i: str(i).encode()),
+    st.sampled_from([b"awakeAt=1800000000000;delayHops=1;recordId=r", b"reactivateAt=x;recordId=", b"recordId=a=b;c"]),
 )
-header_names = st.sampled_from([*h.DELAY_HEADERS, "other", "ReactivateAt"])
+header_names = st.sampled_from([*h.DELAY_HEADERS, h.DELAY_STATE, "other", "ReactivateAt"])
 
 
 @settings(max_examples=400, deadline=None)
@@ -149,6 +152,15 @@ def test_priority_records_take_the_priority_topics_and_lose_the_header_at_the_ta
     )
     [dead] = handler().handle(bad, now=NOW, ingress=True)
     assert dead.topic == "u.dlq" and dict(dead.headers)[h.DEAD_LETTER_REASON] == b"malformed-header"
+
+
+def test_a_delay_topic_record_whose_packed_state_is_malformed_is_dead_lettered_as_read() -> None:
+    packed = b"awakeAt=soon;delayHops=1;reactivateToTopic=orders;recordId=r"
+    bad = Rec("u.delay.1s", 0, 7, NOW, b"k", b"v", [("trace", b"t"), (h.DELAY_STATE, packed)])
+    [dead] = handler().handle(bad, now=NOW, ingress=False, max_wait_ms=1_000)
+    assert dead.topic == "u.dlq" and h.header_value(dead.headers, h.DEAD_LETTER_REASON) == b"malformed-header"
+    assert b"awakeAt" in h.header_value(dead.headers, h.DEAD_LETTER_DETAIL)
+    assert dead.headers[:2] == [("trace", b"t"), (h.DELAY_STATE, packed)], "the record as it was read"
 
 
 # -- a replayed dead letter in the read model (issue 23, item 4) ----------------------------------
