@@ -32,10 +32,11 @@ import pstats
 import shutil
 import sys
 import time
+from functools import partial
 from typing import Any
 
 from bench import engine, redis_baseline, relay
-from bench.common import machine, repeat
+from bench.common import machine, repeat, sweep_topics
 from delayapp.core.clock import now_ms
 from delayapp.dev.embedded_broker import EmbeddedBroker
 
@@ -110,21 +111,28 @@ async def run(
     backlog_audit: tuple[bool, ...] = (False, True),
 ) -> Report:
     report = Report()
+
+    async def sweep() -> None:  # the topics of what was just measured: gigabytes on a real broker
+        await sweep_topics(bootstrap)
+
+    measure = partial(repeat, after=sweep)
     # enough records that a run is mostly steady state: with 50,000 the relay ran largely from what
     # its consumer had fetched before its first batch (130-190k rec/s, 70-80k at 100,000 and more)
     n = 5_000 if quick else 200_000
     warm = 0 if quick else 1
     best_relay = None
     if "relay" in sections:
-        aio = await repeat("aiokafka relay", "rec/s", runs, warm, lambda i: relay.aiokafka_relay(bootstrap, n))
-        conf = await repeat("confluent-kafka relay", "rec/s", runs, warm, lambda i: relay.confluent_relay(bootstrap, n))
+        aio = await measure("aiokafka relay", "rec/s", runs, warm, lambda i: relay.aiokafka_relay(bootstrap, n))
+        conf = await measure(
+            "confluent-kafka relay", "rec/s", runs, warm, lambda i: relay.confluent_relay(bootstrap, n)
+        )
         # the floor of a hop in Python: the relay reading one header, picking a topic, rewriting one
         headers = engine.routed_headers(now_ms() + 1_800_000, "sink", now=now_ms())
-        carried = await repeat(
+        carried = await measure(
             "relay of a hop's records", "rec/s", runs, warm, lambda i: relay.relay_of(bootstrap, n, headers)
         )
-        bare = await repeat("bare hop loop", "rec/s", runs, warm, lambda i: relay.bare_hop_loop(bootstrap, n, headers))
-        bare_delivery = await repeat(
+        bare = await measure("bare hop loop", "rec/s", runs, warm, lambda i: relay.bare_hop_loop(bootstrap, n, headers))
+        bare_delivery = await measure(
             "bare delivery loop", "rec/s", runs, warm, lambda i: relay.bare_delivery_loop(bootstrap, n, headers)
         )
         best_relay = max(aio.median, conf.median)
@@ -174,7 +182,7 @@ async def run(
         }
         report.data["hops"] = {"records": n, "ladder": engine.HOP_LADDER}
         for key, (label, step, audit, floor) in figures.items():
-            measured = await repeat(
+            measured = await measure(
                 label,
                 "rec/s",
                 runs,
@@ -239,6 +247,7 @@ async def run(
                 f"{computed:,.0f} rec/s",
             )
     saturated = None
+    await sweep()
     if "saturation" in sections:
         # one worker, records entering through the ingress with 1-3 s delays on the lateness
         # section's short ladder, against the tuned Redis design on the same delays, same run
@@ -269,6 +278,7 @@ async def run(
             )
         else:
             report.add("logical throughput end to end: one worker's saturation rate", value)
+    await sweep()
     if "lateness" in sections:
         seconds = 3 if quick else 15
         rates = [(1_000.0, 10)]  # (rate, p99 target in ms)
@@ -288,6 +298,7 @@ async def run(
                 f"p99 <= {limit} ms",
                 result["p99"] <= limit and result["early"] == 0 and result["delivered"] == result["sent"],
             )
+    await sweep()
     if "skew" in sections:
         results = await engine.lateness_under_skew(
             bootstrap, [5_000, -5_000], 200.0, 3 if quick else 15, external=external
@@ -310,6 +321,7 @@ async def run(
                 "p99 <= 100 ms, early 0",
                 result["p99"] <= 100 and result["early"] == 0 and result["delivered"] == result["sent"],
             )
+    await sweep()
     if "burst" in sections:
         count, lead = (5_000, 5.0) if quick else (100_000, 60.0)
         result = await engine.burst(bootstrap, count, lead, external=external)
@@ -330,6 +342,7 @@ async def run(
             )
         else:
             report.add(label, late)
+    await sweep()
     if "backlog" in sections:
         levels = backlog_levels or ([10_000, 100_000] if quick else [10_000, 100_000, 1_000_000])
         report.data["backlog"] = {}
@@ -375,10 +388,12 @@ async def run(
                     "<= 1.2 x (issue 22)",
                     ratio <= 1.2,
                 )
+    await sweep()
     if "recovery" in sections:
         seconds = await engine.recovery_after_sigkill(bootstrap, external=external)
         report.data["recovery_s"] = seconds
         report.add("recovery: SIGKILL to first delivery by the replacement", f"{seconds:.1f} s")
+    await sweep()
     if "redis" in sections:
         if shutil.which("redis-server") is None:
             report.data["redis"] = "redis-server not installed (bin/bench installs it)"
@@ -423,6 +438,7 @@ async def run(
                 "Redis memory per pending 1 KB record",
                 f"{per_record:,.0f} bytes (delayapp: the payload stays in Kafka; its worker: the backlog section)",
             )
+    await sweep()
     return report
 
 

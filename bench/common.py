@@ -7,12 +7,51 @@ import os
 import statistics
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
-from delayapp.dev.chaos.procs import create_topics, unique  # noqa: F401  (shared with tests and chaos)
+from delayapp.dev.chaos.procs import create_topics  # noqa: F401  (shared with tests and chaos)
+from delayapp.dev.chaos.procs import unique as _unique
 
 VALUE_1KB = b"v" * 1000
+
+
+_NAMED: set[str] = set()  # every name unique() gave in this process: its topics are the bench's own
+
+
+def unique(prefix: str) -> str:
+    """A fresh name (as the tests' ``unique``), remembered: topics named by it, or by it and a
+    ``.`` or ``-`` suffix (a worker's prefix), are the bench's to delete (:func:`sweep_topics`)."""
+    name = _unique(prefix)
+    _NAMED.add(name)
+    return name
+
+
+def _ours(topic: str) -> bool:
+    return any(topic == name or topic.startswith((name + ".", name + "-")) for name in _NAMED)
+
+
+async def sweep_topics(bootstrap: str) -> int:
+    """Delete the topics this bench process created (named by :func:`unique`), never another:
+    one measurement writes hundreds of MB (200,000 records of 1 KB into two topics at least),
+    which a broker would keep for its retention (a full run on a single broker here filled the
+    disk with 73 GB). How many went; 0 when the broker refuses (the embedded one may)."""
+    if not bootstrap or not _NAMED:
+        return 0
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        ours = [topic for topic in await admin.list_topics() if _ours(topic)]
+        for first in range(0, len(ours), 100):
+            await admin.delete_topics(ours[first : first + 100])
+        return len(ours)
+    except Exception as exc:  # a broker without DeleteTopics: its data goes with it
+        print(f"  (could not delete the bench's topics: {exc!r})", flush=True)
+        return 0
+    finally:
+        await admin.close()
 
 
 def machine() -> dict:
@@ -57,11 +96,21 @@ class Measured:
         return statistics.median(self.runs) if self.runs else float("nan")
 
 
-async def repeat(name: str, unit: str, runs: int, warmups: int, once: Callable[[int], Awaitable[float]]) -> Measured:
-    """Run ``once(i)`` ``warmups`` times unrecorded, then ``runs`` times; keep the values."""
+async def repeat(
+    name: str,
+    unit: str,
+    runs: int,
+    warmups: int,
+    once: Callable[[int], Awaitable[float]],
+    after: Callable[[], Awaitable[Any]] | None = None,
+) -> Measured:
+    """Run ``once(i)`` ``warmups`` times unrecorded, then ``runs`` times; keep the values.
+    ``after`` (if any) is awaited after each run (the bench deletes the run's topics)."""
     result = Measured(name, unit)
     for i in range(warmups + runs):
         value = await once(i)
+        if after is not None:
+            await after()
         if i >= warmups:
             result.runs.append(value)
     return result
