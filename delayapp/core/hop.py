@@ -392,7 +392,9 @@ class LeanStep:
         self.deliveries = deliveries
         self._topics: dict[tuple[int, bool], str] = {}
         self._topic_of = topic_of
-        self._targets: dict[bytes, str] = {}  # reactivateToTopic values checked as topic names
+        # reactivateToTopic values checked as topic names: h.decode_topic remembers them too, but
+        # reaching its memo is a Python call (through _checked's try) at every step of every record
+        self._targets: dict[bytes, str] = {}
 
     def take(
         self,
