@@ -13,7 +13,11 @@ read, and the compacted ``<prefix>.record-states``, which the read model folds
 * the fields the read model keeps (:data:`READ_MODEL_FIELDS`).
 
 The JSON is a wire format: existing topics hold it, so a field is only ever added, never
-renamed, retyped or reordered.
+renamed, retyped or reordered. On the audit stream a record holds the events of many steps,
+one JSON object a line (:func:`audit_record_values`, :func:`audit_record_events`): a write per
+step there cost a delivery as much as the write of the record itself, and the history does
+not need one. Records written before that hold one event, which reads the same. The
+record-states topic keeps one event a record, keyed by record id (it is compacted by it).
 """
 
 from __future__ import annotations
@@ -269,3 +273,41 @@ def step_order(event: dict[str, Any]) -> tuple[int, int, bool, int]:
         event.get("status") in FINAL,
         int(event.get("seq", -1)),
     )
+
+
+AUDIT_RECORD_BYTES = 256 * 1024
+"""The most event bytes one audit-stream record holds (a quarter of Kafka's default
+``max.message.bytes``: room for the record's own overhead on any topic left at the default)."""
+_LINE = b"\n"
+
+
+def audit_record_values(encoded: list[bytes], limit: int = AUDIT_RECORD_BYTES) -> list[bytes]:
+    """The values of the audit-stream records holding ``encoded`` (events as :meth:`AuditEvent.encode`
+    makes them), in order: one JSON object a line, each record at most ``limit`` bytes but for
+    an event larger than that alone (JSON never holds a raw newline, so lines split them back)."""
+    values: list[bytes] = []
+    start, size = 0, 0
+    for index, event in enumerate(encoded):
+        if size and size + len(event) > limit:
+            values.append(_LINE.join(encoded[start:index]))
+            start, size = index, 0
+        size += len(event) + 1
+    if start < len(encoded):
+        values.append(_LINE.join(encoded[start:]))
+    return values
+
+
+def audit_record_events(value: bytes | None) -> list[dict[str, Any]]:
+    """The events an audit-stream record holds, decoded (one, for a record written before the
+    stream held many a record); a line that is not a JSON object is skipped."""
+    if not value:
+        return []
+    events = []
+    for line in value.split(_LINE):
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events

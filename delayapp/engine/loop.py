@@ -52,7 +52,6 @@ from confluent_kafka import (
 )
 from mode import Service
 
-from delayapp.core.audit import AuditEvent
 from delayapp.core.clock import GuardedClock
 from delayapp.core.partition import AssignedPartitions, PartitionKey
 from delayapp.core.uncommitted import CommitPoint, written_not_committed
@@ -67,7 +66,7 @@ from delayapp.engine.intake import FetchedRecord, Intake
 from delayapp.engine.liveness import LivenessCheck, LoopStalled
 from delayapp.engine.stats import LoopStats
 from delayapp.engine.step import Steps
-from delayapp.engine.writer import DECIDING, Writer, refused_for_good
+from delayapp.engine.writer import DECIDING, Step, Writer, refused_for_good
 from delayapp.settings import Guarantee, Settings
 
 __all__ = ["EmitTimeout", "FetchedRecord", "HopLoop", "LoopStalled", "LoopStats", "refused_for_good"]
@@ -97,7 +96,7 @@ class HopLoop(Service):
         priority_topic: str | None = None,
         max_wait_ms: int = 0,
         clock: GuardedClock | None = None,
-        observer: Callable[[HopLoop, AuditEvent], None] | None = None,
+        observer: Callable[[HopLoop, Step], None] | None = None,
         hops_observer: Callable[[HopLoop, int], None] | None = None,
         **kwargs: Any,
     ) -> None:

@@ -1,6 +1,10 @@
 """The writer of a hop loop: hands a decided batch's records and the audit events of its steps
 to librdkafka, learns which writes failed, and dead-letters what a target refuses for good.
 
+A published step is written twice: to ``record-states``, keyed by record id, and to the audit
+stream, whose records hold the steps of a whole pass, one JSON event a line
+(:func:`delayapp.core.audit.audit_record_values`).
+
 No callback runs per record on the common path: librdkafka reports only a failed write
 (``delivery.report.only.error``), which fails every write in flight (the committer rewinds
 them). After a refusal for good the redo is *careful*: until the partitions it covers are
@@ -21,7 +25,7 @@ from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from delayapp.core.audit import AuditEvent, RecordStatus, published
+from delayapp.core.audit import AuditEvent, RecordStatus, audit_record_values, published
 from delayapp.core.clock import GuardedClock, now_ms
 from delayapp.core.hop import LeanDelivery, LeanHeaders, LeanHop
 from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending
@@ -53,6 +57,9 @@ _REFUSED_FOR_GOOD = {
 Decided = list[tuple[PartitionKey, Pending, list[Output] | LeanOutput]]
 """A decide pass's records with their outputs, in order."""
 
+Step = AuditEvent | LeanDelivery
+"""A counted step: the full path's audit event, or a lean delivery (which carries the same fields)."""
+
 
 def refused_for_good(error: KafkaError) -> bool:
     """True for a write error about this record that no retry can fix (dead-letter it); False
@@ -83,7 +90,7 @@ class Writer:
         ingress: bool,
         audit_hops: bool,
         publish_now: bool,
-        observer: Callable[[AuditEvent], None] | None = None,
+        observer: Callable[[Step], None] | None = None,
         hops_observer: Callable[[int], None] | None = None,
         target_failed: Callable[[str], None] | None = None,
     ) -> None:
@@ -96,7 +103,7 @@ class Writer:
         self.clock = clock
         self.audit_topic = audit_topic
         self.states_topic = states_topic  # record-states: each audit event again, compacted by record id
-        self._streams = tuple(stream for stream in (audit_topic, states_topic) if stream)
+        self._audit_lines: list[bytes] = []  # events published since the last audit-stream write
         self.ingress = ingress
         self.audit_hops = audit_hops
         self.publish_now = publish_now
@@ -106,8 +113,9 @@ class Writer:
         self.write_error: KafkaError | None = None  # the first failed write in flight (librdkafka's report)
         # exactly_once: records a target refused in an aborted transaction, dead-lettered on the redo
         self.refused: dict[tuple[PartitionKey, int], DeadLetter] = {}
-        # at_least_once: steps of the writes in flight, published once those are acknowledged
-        self.unpublished: list[tuple[str | None, AuditEvent]] = []
+        # at_least_once: steps of the writes in flight, published once those are acknowledged:
+        # (the event encoded, its record id, its time, the step it is of)
+        self.unpublished: list[tuple[bytes, bytes, int, Step]] = []
         self.unwritten: set[int] = set()  # ids of those steps whose write was refused (never published)
         # careful mode (each write names its record) per partition, until committed past this offset
         self.careful_until: dict[PartitionKey, int] = {}
@@ -132,9 +140,10 @@ class Writer:
                 step = cast(LeanOutput, outputs)
                 headers = cast("list[tuple[str, str | bytes | None]]", step.headers)  # as the stub wants it
                 message = entry.record
+                delivery = cast(LeanDelivery, step) if kind is LeanDelivery else None
                 try:
                     if careful:
-                        written = partial(self._write_failed, key, entry, step.topic, getattr(step, "audit", None))
+                        written = partial(self._write_failed, key, entry, step.topic, delivery)
                         produce(
                             step.topic,
                             message.value(),
@@ -146,12 +155,13 @@ class Writer:
                     else:
                         produce(step.topic, message.value(), message.key(), headers=headers, timestamp=stamp)
                 except (BufferError, KafkaException):  # the queue is full, or refused before queuing
-                    written = partial(self._write_failed, key, entry, step.topic, getattr(step, "audit", None))
+                    written = partial(self._write_failed, key, entry, step.topic, delivery)
                     self.produce(step.topic, message.value(), message.key(), step.headers, written, stamp)
-                if kind is LeanHop:
+                if delivery is None:
                     hops += 1
                 else:
-                    self.account(step.topic, cast(LeanDelivery, step).audit)
+                    self._count(delivery)
+                    self._publish_step(delivery.encoded, delivery.record_id, delivery.at, delivery)
                 continue
             for output in cast("list[Output]", outputs):
                 if output.topic is not None:  # None: cancelled, nothing to write but its audit event
@@ -165,6 +175,8 @@ class Writer:
                     self.account(output.topic, output.audit)
         if hops:
             self._count_hops(hops)
+        if self.publish_now:
+            self.flush_audit()
 
     def produce(
         self,
@@ -216,11 +228,11 @@ class Writer:
         key: PartitionKey,
         entry: Pending,
         topic: str,
-        audit: AuditEvent | None,
+        audit: Step | None,
         error: KafkaError | None,
         message: Message | None,
     ) -> None:
-        """Careful mode: a write of ``entry``'s record (whose step is ``audit``) failed. A refusal
+        """Careful mode: a write of ``entry``'s record (whose published step is ``audit``) failed. A refusal
         for good sends the record to the dead letters (without its value if even that is
         refused), pointing at the consumed record, and its step is never published; anything
         that may succeed later fails the writes in flight, which are redone."""
@@ -249,6 +261,8 @@ class Writer:
         self.produce(dead.topic, dead.value, dead.key, dead.headers, partial(self._dead_letter_failed, entry, dead))
         assert dead.audit is not None  # a dead letter's step is always published
         self.account(dead.topic, dead.audit)
+        if self.publish_now:
+            self.flush_audit()
 
     def _dead_letter_failed(
         self, entry: Pending, dead: Output, error: KafkaError | None, message: Message | None
@@ -305,23 +319,40 @@ class Writer:
         topic the record was written to; its partition and offset are known only from a report
         per record, which the loop does without: they are left null."""
         self._count(audit)
-        if (self.audit_topic or self.states_topic) and published(
-            audit, entering=self.ingress, every_hop=self.audit_hops
-        ):
-            if self.publish_now:
-                self.publish(topic, audit)
-            else:
-                self.unpublished.append((topic, audit))
+        if published(audit, entering=self.ingress, every_hop=self.audit_hops):
+            self._publish_step(audit.encode(topic, None, None), audit.record_id, audit.at, audit)
 
-    def publish(self, topic: str | None, audit: AuditEvent) -> None:
-        """Write ``audit`` to the audit stream and the record-states topic."""
-        encoded, record_id, at = audit.encode(topic, None, None), audit.record_id.encode(), audit.at
-        produce = self.producer.produce
-        for stream in self._streams:
+    def _publish_step(self, encoded: bytes, record_id: str, at: int, step: Step) -> None:
+        """Publish ``step``, ``encoded``, now (exactly_once) or once its write is acknowledged."""
+        if not (self.audit_topic or self.states_topic):
+            return
+        if self.publish_now:
+            self.publish(encoded, record_id.encode(), at)
+        else:
+            self.unpublished.append((encoded, record_id.encode(), at, step))
+
+    def publish(self, encoded: bytes, record_id: bytes, at: int) -> None:
+        """Write a step's event ``encoded`` to the record-states topic, keyed by its record id,
+        and keep it for the audit stream's next record (:meth:`flush_audit`)."""
+        if self.audit_topic:
+            self._audit_lines.append(encoded)
+        states = self.states_topic
+        if states:
             try:
-                produce(stream, encoded, record_id, timestamp=at)
+                self.producer.produce(states, encoded, record_id, timestamp=at)
             except (BufferError, KafkaException):  # the queue is full, or refused before queuing
-                self.produce(stream, encoded, record_id, None, None, at)
+                self.produce(states, encoded, record_id, None, None, at)
+
+    def flush_audit(self) -> None:
+        """Write the events published since the last call to the audit stream, many a record
+        (:func:`delayapp.core.audit.audit_record_values`): the history needs no write per step."""
+        lines, topic = self._audit_lines, self.audit_topic
+        if not lines or not topic:
+            return
+        stamp = self.clock()
+        for value in audit_record_values(lines):
+            self.produce(topic, value, None, None, None, stamp)
+        lines.clear()
 
     def publish_unpublished(self) -> bool:
         """at_least_once, once every write in flight is acknowledged: publish the steps they
@@ -329,9 +360,10 @@ class Writer:
         if not self.unpublished:
             return False
         unwritten = self.unwritten
-        for topic, audit in self.unpublished:
-            if id(audit) not in unwritten:
-                self.publish(topic, audit)
+        for encoded, record_id, at, step in self.unpublished:
+            if id(step) not in unwritten:
+                self.publish(encoded, record_id, at)
+        self.flush_audit()
         self.drop_unpublished()
         return True
 
@@ -339,6 +371,7 @@ class Writer:
         """Forget the steps not yet published (their writes are redone, and so are they)."""
         self.unpublished.clear()
         self.unwritten.clear()
+        self._audit_lines.clear()
 
     def _count_hops(self, hops: int) -> None:
         """Count ``hops`` lean hops of one batch."""
@@ -348,7 +381,7 @@ class Writer:
         if self.hops_observer is not None:
             self.hops_observer(hops)
 
-    def _count(self, audit: AuditEvent) -> None:
+    def _count(self, audit: Step) -> None:
         stats = self.stats
         if audit.status == RecordStatus.WAITING:
             stats.hops += 1

@@ -1,7 +1,8 @@
 """Audit report: lateness, hops, retries and dead letters from the audit and dead-letter topics.
 
-Reads ``<prefix>.audit`` (one JSON event per published step of a record: entered (waiting), delivered,
-dead_lettered, cancelled; :mod:`delayapp.core.audit` declares it, :data:`AUDIT_SCHEMA` is derived from it)
+Reads ``<prefix>.audit`` (a JSON event per published step of a record: entered (waiting), delivered,
+dead_lettered, cancelled, one a line, many steps a record; :mod:`delayapp.core.audit` declares it,
+:data:`AUDIT_SCHEMA` is derived from it)
 and ``<prefix>.dlq`` (dead letters with their reason headers) and writes
 
 * ``parquet/<table>/``: lateness percentiles per target and denomination (``(all)`` rows
@@ -86,8 +87,10 @@ def last_header_text(name: str) -> Column:
 
 
 def parse_audit(raw: DataFrame) -> DataFrame:
-    """The audit events of Kafka rows of the audit topic, one column per field of :data:`AUDIT_SCHEMA`."""
-    return raw.select(F.from_json(F.col("value").cast("string"), AUDIT_SCHEMA).alias("e")).select("e.*")
+    """The audit events of Kafka rows of the audit topic, one row per event (a record holds one
+    a line: :func:`delayapp.core.audit.audit_record_values`), one column per field of :data:`AUDIT_SCHEMA`."""
+    lines = raw.select(F.explode(F.split(F.col("value").cast("string"), "\n")).alias("line"))
+    return lines.select(F.from_json("line", AUDIT_SCHEMA).alias("e")).select("e.*")
 
 
 def audit_events(context: JobContext, since_ms: int | None, until_ms: int | None) -> DataFrame:

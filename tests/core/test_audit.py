@@ -19,6 +19,8 @@ from delayapp.core.audit import (
     AuditEvent,
     RecordStatus,
     WireType,
+    audit_record_events,
+    audit_record_values,
     audit_seq,
     delivered,
     is_final,
@@ -275,3 +277,29 @@ def test_the_waiting_step_is_the_event_the_constructor_builds(
         and hash(event) == hash(built)
         and event.encode(None, None, None) == built.encode(None, None, None)
     )
+
+
+def _event_of(record_id: str, hops: int) -> AuditEvent:
+    return dataclasses.replace(FULL, record_id=record_id, hops=hops)
+
+
+@given(
+    ids=st.lists(
+        st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=40), max_size=60
+    ),
+    limit=st.integers(min_value=1, max_value=4_000),
+)
+def test_audit_stream_records_hold_every_event_in_order_within_the_limit(ids: list[str], limit: int) -> None:
+    encoded = [_event_of(rid, n).encode("t", None, None) for n, rid in enumerate(ids)]
+    values = audit_record_values(encoded, limit)
+    assert [e for value in values for e in audit_record_events(value)] == [orjson.loads(e) for e in encoded]
+    # a record is over the limit only when one event alone is
+    assert all(len(value) <= limit or b"\n" not in value for value in values)
+    assert not encoded or all(values)
+
+
+def test_an_audit_record_written_one_event_a_record_still_reads() -> None:
+    value = FULL.encode("t", 0, 7)
+    assert audit_record_events(value) == [orjson.loads(value)]
+    assert audit_record_events(None) == [] and audit_record_events(b"") == []
+    assert audit_record_events(b"not json\n" + value + b"\n[1]") == [orjson.loads(value)]  # only objects count

@@ -3,11 +3,13 @@ declines to decide (no Kafka)."""
 
 from __future__ import annotations
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delayapp.core import headers as h
 from delayapp.core import hop
+from delayapp.core.audit import delivered
 from delayapp.core.cancel import CancelRequest
 from delayapp.core.hop import LeanDelivery, LeanHop
 from delayapp.core.ladder import Ladder
@@ -83,7 +85,7 @@ def test_a_due_record_is_delivered_with_only_the_headers_kept_at_the_target() ->
         (h.ORIGINATED_AT, str(NOW - 60_000).encode()),
         (h.TIME_RETRIED, b"0"),
     ], "the record's own headers, then the irremovable ones plain, in the full path's order"
-    assert step.audit.lateness_ms == 3 and step.audit.source == "u.delay.5s/2/41"
+    assert step.lateness_ms == 3 and orjson.loads(step.encoded)["source"] == "u.delay.5s/2/41"
 
 
 def test_a_record_with_its_state_in_plain_headers_takes_the_full_path_which_packs_it() -> None:
@@ -129,7 +131,7 @@ def with_fields(headers: list, *fields: bytes) -> list:
 
 def test_a_replayed_records_delivery_carries_its_replay_count() -> None:
     step = lean(handler(), admitted(reactivate_at=NOW - 1, time_replayed=2))
-    assert isinstance(step, LeanDelivery) and step.audit.replays == 2
+    assert isinstance(step, LeanDelivery) and orjson.loads(step.encoded)["replays"] == 2
     assert (h.TIME_REPLAYED, b"2") in step.headers  # irremovable: kept at the target
 
 
@@ -216,8 +218,16 @@ def test_the_lean_step_decides_as_the_full_path_or_not_at_all(data: st.DataObjec
     (output,) = decided
     assert output.topic == step.topic
     assert _canonical(output.headers) == _canonical(step.headers)
-    if isinstance(step, LeanDelivery):
-        assert output.audit == step.audit
+    if isinstance(step, LeanDelivery):  # the same event, byte for byte as the full path writes it
+        assert output.audit is not None and output.audit.encode(output.topic, None, None) == step.encoded
+        assert (step.status, step.target, step.hops, step.retries, step.lateness_ms, step.throttled_until) == (
+            output.audit.status,
+            output.audit.target,
+            output.audit.hops,
+            output.audit.retries,
+            output.audit.lateness_ms,
+            output.audit.throttled_until,
+        )
     else:
         assert output.audit is not None and output.audit.status == "waiting"
 
@@ -242,3 +252,40 @@ def test_a_number_read_byte_by_byte_is_what_decode_reads(raw: bytes, after: byte
     assert value == (int(raw) if readable else -1)
     if readable:
         assert end == 8 + len(raw)
+
+
+_TIMES = st.integers(min_value=h.MIN_TIMESTAMP_MS, max_value=h.MAX_TIMESTAMP_MS)
+_COUNTS = st.integers(min_value=0, max_value=h.MAX_COUNT)
+
+
+@given(
+    record_id=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=200),
+    at=_TIMES,
+    due=_TIMES,
+    retries=_COUNTS,
+    hops=_COUNTS,
+    priority=st.booleans(),
+    throttled=st.none() | _TIMES,
+    delayed=st.none() | _TIMES,
+    replays=_COUNTS,
+    target=st.from_regex(r"[a-zA-Z0-9._-]{1,249}", fullmatch=True),
+)
+def test_a_lean_deliverys_event_is_the_contracts_byte_for_byte(
+    record_id: str,
+    at: int,
+    due: int,
+    retries: int,
+    hops: int,
+    priority: bool,
+    throttled: int | None,
+    delayed: int | None,
+    replays: int,
+    target: str,
+) -> None:
+    """Made as text on the lean path (record ids with quotes and backslashes included), it is what
+    AuditEvent.encode writes of delivered(...): the wire format has one definition."""
+    fields = dict(at=at, retries=retries, hops=hops, target=target, due=due, source="d.delay.1s/3/17")
+    same = dict(priority=priority, throttled_until=throttled, delayed_at=delayed, replays=replays)
+    assert hop.delivered_json(record_id, **fields, **same) == delivered(record_id, **fields, **same).encode(
+        target, None, None
+    )

@@ -13,6 +13,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from delayapp.client import schedule
 from delayapp.core import headers as h
+from delayapp.core.audit import audit_record_events
 from delayapp.core.clock import now_ms
 from delayapp.engine.bootstrap import keeps_commit_metadata
 from delayapp.settings import load_settings
@@ -217,8 +218,9 @@ async def test_every_audited_step_is_written_to_the_record_states_topic_and_serv
     finally:
         await p.stop()
 
-    def steps(topic: str) -> list[dict]:
-        return [orjson.loads(r.value) for r in collector.on(topic) if r.key == b"tracked-1"]
+    def steps(topic: str) -> list[dict]:  # the audit stream holds many steps a record, record-states one
+        events = (event for r in collector.on(topic) for event in audit_record_events(r.value))
+        return [event for event in events if event["record_id"] == "tracked-1"]
 
     await wait_for(lambda: [s for s in steps(states) if s["status"] == "delivered"], 30, "the delivered step")
     url = f"http://127.0.0.1:{engine.env['DELAYAPP_WEB_PORT']}/delay/records/tracked-1"

@@ -21,6 +21,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from delayapp.client import cancel, schedule
 from delayapp.core import headers as h
+from delayapp.core.audit import audit_record_events
 from delayapp.core.clock import now_ms
 from tests.support.kafka import Collector, Worker, create_topics, producer, unique, wait_for
 
@@ -289,7 +290,12 @@ async def test_a_producer_set_throttled_until_does_not_bypass_the_rate_limit(tru
 
 
 def audit_statuses(collector: Collector, prefix: str, record_id: str) -> list[str]:
-    return [orjson.loads(r.value)["status"] for r in collector.on(f"{prefix}.audit") if r.key == record_id.encode()]
+    return [
+        event["status"]
+        for r in collector.on(f"{prefix}.audit")
+        for event in audit_record_events(r.value)
+        if event["record_id"] == record_id
+    ]
 
 
 async def test_a_cancel_with_cancelled_at_in_seconds_applies_and_an_update_after_it_is_delivered(trust_env) -> None:

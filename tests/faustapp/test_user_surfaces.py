@@ -9,6 +9,7 @@ import pytest
 
 from delayapp.client import cancel, schedule
 from delayapp.core import headers as h
+from delayapp.core.audit import audit_record_events
 from delayapp.core.clock import now_ms
 from delayapp.settings import load_settings
 from tests.support.kafka import TEST_LADDER, Collector, Worker, create_topics, producer, unique, wait_for
@@ -191,7 +192,10 @@ async def test_cancelled_records_are_never_delivered_and_updates_replace(bootstr
 
     def audit_statuses(rid: str) -> list[str]:
         return [
-            orjson.loads(r.value)["status"] for r in collector.on(f"{worker.prefix}.audit") if r.key == rid.encode()
+            event["status"]
+            for r in collector.on(f"{worker.prefix}.audit")
+            for event in audit_record_events(r.value)
+            if event["record_id"] == rid
         ]
 
     await wait_for(

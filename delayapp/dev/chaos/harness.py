@@ -38,7 +38,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from delayapp.core import headers as h
-from delayapp.core.audit import RecordStatus
+from delayapp.core.audit import RecordStatus, audit_record_events
 from delayapp.core.clock import now_ms
 from delayapp.core.readmodel import RecordStateStore
 from delayapp.dev.chaos.listeners import WorkerListener, probe_advertised, probe_listeners
@@ -638,11 +638,11 @@ class ChaosRun:
         for rid, recount, state in mismatches:
             steps = []
             for record in collector.on(audit):
-                if record.key and record.key.decode() == rid:
-                    event = orjson.loads(record.value)
-                    steps.append(
-                        (record.partition, record.offset, event.get("status"), event.get("hops"), event.get("seq"))
-                    )
+                for event in audit_record_events(record.value):  # many steps a record
+                    if event.get("record_id") == rid:
+                        steps.append(
+                            (record.partition, record.offset, event.get("status"), event.get("hops"), event.get("seq"))
+                        )
             writes = [
                 (r.partition, r.offset, orjson.loads(r.value).get("status") if r.value else None, r.timestamp)
                 for r in states
