@@ -319,7 +319,9 @@ class Writer:
         topic the record was written to; its partition and offset are known only from a report
         per record, which the loop does without: they are left null."""
         self._count(audit)
-        if published(audit, entering=self.ingress, every_hop=self.audit_hops):
+        if (self.audit_topic or self.states_topic) and published(
+            audit, entering=self.ingress, every_hop=self.audit_hops
+        ):  # encoded only when written somewhere
             self._publish_step(audit.encode(topic, None, None), audit.record_id, audit.at, audit)
 
     def _publish_step(self, encoded: bytes, record_id: str, at: int, step: Step) -> None:
