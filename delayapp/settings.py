@@ -148,7 +148,9 @@ class Settings(BaseSettings):
         1_048_576, description="producer batch size per partition; large batches mean few acks=all round trips"
     )
     producer_linger_ms: int = Field(
-        0, description="producer linger; 0 keeps hops prompt, batches still form while a request is in flight"
+        2,
+        description="producer linger (ms): a loop's writes of a few ms go out in one request per partition "
+        "(fewer requests for the client and the broker to handle); a write reaches the broker up to this much later",
     )
     release_ahead: bool = Field(
         True,

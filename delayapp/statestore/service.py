@@ -11,6 +11,13 @@ killed at any point resumes exactly (it folds a few records again, which changes
 A partition answers once its reader has reached the end offset it had when it was assigned (or
 nothing arrived for :data:`QUIET_S`: a broker may report a wrong end offset); until then its
 lookups answer "not ready" (503), as a whole worker did while it read the whole topic.
+
+The fold shares the interpreter with the record loops, and a record's path comes first: once
+caught up, the reader folds at most every :data:`FOLD_EVERY_S`, so steps arrive in bigger,
+rarer batches (a RocksDB write each) and a burst of deliveries is not slowed by folding its own
+steps as they come; a reader more than :data:`MAX_FOLD_LAG_MS` behind folds back to back until it
+is not (:func:`fold_pause_s`). Measured on Apache Kafka, 100,000 records due in one second: the
+last delivered ~1 s sooner with the pause.
 """
 
 from __future__ import annotations
@@ -38,6 +45,17 @@ EXPIRE_BATCH = 10_000  # expiry index entries looked at per tick at most
 QUIET_S = 3.0  # a partition counts as caught up once nothing arrived for this long
 CANCELS_LOOKED_AT = 10_000  # latest cancellations left out of the waiting counts at most
 FETCH_RECORDS = 2_000  # records folded per fetch at most (one write batch per partition; ~40 ms of the event loop)
+FOLD_EVERY_S = 0.1  # a caught-up reader folds at most this often (what it fetched meanwhile waits in the consumer)
+MAX_FOLD_LAG_MS = 5_000  # a reader whose newest folded step is older than this folds without pausing
+
+
+def fold_pause_s(*, caught_up: bool, newest_ms: int | None, now_ms: int) -> float:
+    """How long the reader waits before its next fetch, having folded a batch whose newest record
+    was written at ``newest_ms`` (None: nothing fetched): :data:`FOLD_EVERY_S` once caught up and
+    within :data:`MAX_FOLD_LAG_MS` of ``now_ms``, else 0 (catching up, or nothing to pace)."""
+    if not caught_up or newest_ms is None or now_ms - newest_ms > MAX_FOLD_LAG_MS:
+        return 0.0
+    return FOLD_EVERY_S
 
 
 @dataclass(frozen=True)
@@ -169,13 +187,18 @@ class PartitionedStates(Service):
         consumer.subscribe([self.topic], listener=_Listener(self))
         while not self.should_stop:
             fetched = await consumer.getmany(timeout_ms=500, max_records=FETCH_RECORDS)
+            newest: int | None = None
             for tp, records in fetched.items():
                 if records and tp.partition in self.owned:
                     self.store.apply(tp.partition, ((r.key, r.value) for r in records), records[-1].offset + 1)
+                    newest = max(newest or 0, records[-1].timestamp)
             if fetched:
                 self._quiet_since = time.monotonic()
             if self._targets:
                 await self._check_ready(consumer)
+            pause = fold_pause_s(caught_up=not self._targets, newest_ms=newest, now_ms=now_ms())
+            if pause:
+                await self.sleep(pause)
         self._warn_malformed()
 
     async def _wait_for_topic(self, consumer: AIOKafkaConsumer) -> None:

@@ -1,5 +1,5 @@
-"""The reader's answers without a broker: where an id is answered, and the waiting counts
-less the records a cancellation applies to that no loop has met yet."""
+"""The reader's answers without a broker: where an id is answered, the waiting counts
+less the records a cancellation applies to that no loop has met yet, and when it folds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
 from delayapp.core.cancel import CancelRequest, CancelTable
 from delayapp.statestore.disk import DiskStateStore, due_bucket
 from delayapp.statestore.routing import partition_of
-from delayapp.statestore.service import PartitionedStates
+from delayapp.statestore.service import FOLD_EVERY_S, MAX_FOLD_LAG_MS, PartitionedStates, fold_pause_s
 
 NOW = 1_700_000_000_000
 
@@ -60,3 +60,12 @@ def test_an_id_another_worker_owns_is_routed_to_its_address(tmp_path: Path) -> N
     assert where is not None and not where.local and where.url is None
     assert states.peers() == {"http://other"}
     store.close()
+
+
+def test_a_caught_up_reader_folds_at_most_every_interval_and_a_lagging_one_back_to_back() -> None:
+    assert fold_pause_s(caught_up=True, newest_ms=NOW - 50, now_ms=NOW) == FOLD_EVERY_S
+    assert fold_pause_s(caught_up=True, newest_ms=NOW - MAX_FOLD_LAG_MS, now_ms=NOW) == FOLD_EVERY_S
+    assert fold_pause_s(caught_up=True, newest_ms=NOW - MAX_FOLD_LAG_MS - 1, now_ms=NOW) == 0  # behind: catch up
+    assert fold_pause_s(caught_up=False, newest_ms=NOW, now_ms=NOW) == 0  # still reading what it was assigned
+    assert fold_pause_s(caught_up=True, newest_ms=None, now_ms=NOW) == 0  # nothing fetched: the fetch waits itself
+    assert fold_pause_s(caught_up=True, newest_ms=NOW + 2_000, now_ms=NOW) == FOLD_EVERY_S  # a writer's clock ahead
