@@ -17,7 +17,8 @@ caught up, the reader folds at most every :data:`FOLD_EVERY_S`, so steps arrive 
 rarer batches (a RocksDB write each) and a burst of deliveries is not slowed by folding its own
 steps as they come; a reader more than :data:`MAX_FOLD_LAG_MS` behind folds back to back until it
 is not (:func:`fold_pause_s`). Measured on Apache Kafka, 100,000 records due in one second: the
-last delivered ~1 s sooner with the pause.
+last delivered 2.45-2.74 s after the first due time in three runs with the pause, 2.9 s in one
+without.
 """
 
 from __future__ import annotations
