@@ -481,9 +481,15 @@ class AssignedPartitions:
         self, now: int, *, max_records: int, max_bytes: int, horizon_ms: int | None = None, min_records: int = 0
     ) -> set[PartitionKey]:
         """The partitions whose fetching must stop for now (see :meth:`PartitionState.should_pause`);
-        ``max_records`` and ``max_bytes`` are the loop's budgets, shared equally among its
-        partitions (each may hold ``min_records`` at least)."""
-        shares = max(1, len(self.parts))
+        ``max_records`` and ``max_bytes`` are the loop's budgets, shared equally among the
+        partitions holding records (each may hold ``min_records`` at least).
+
+        An empty partition takes no share: the priority lane, usually empty, would otherwise
+        halve what a delay topic's partitions may hold, and a partition paused for its share is
+        fetched again only after the fetch in flight, a long poll of up to ``fetch.wait.max.ms``
+        (1 % of deliveries ~100 ms late at 4,000 rec/s on Apache Kafka). One that starts to
+        fetch takes its share as the others pass on what they hold."""
+        shares = max(1, sum(1 for part in self.parts.values() if part.queue))
         byte_budget = max_bytes // shares
         record_budget = max(min_records, max_records // shares)
         return {

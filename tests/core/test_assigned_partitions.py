@@ -69,7 +69,22 @@ def test_a_full_queue_pauses_its_partition() -> None:
     parts = assigned(MAIN, LANE)
     parts.add(MAIN, fetched(*range(10), awake={o: NOW + 1_000 for o in range(10)}))
     assert parts.wanted_pauses(NOW, max_records=5, max_bytes=10_000) == {MAIN}
-    assert parts.wanted_pauses(NOW, max_records=50, max_bytes=1_000) == {MAIN}  # 1,000 bytes / 2 partitions
+    assert parts.wanted_pauses(NOW, max_records=50, max_bytes=1_000) == {MAIN}  # 10 records of 100 bytes
+
+
+def test_an_idle_partition_leaves_its_share_of_the_budget_to_those_holding_records() -> None:
+    # The priority lane is usually empty: the delay topic's partitions may hold what falls due
+    # within the read-ahead without it taking half the budget (measured on Apache Kafka at
+    # 4,000 rec/s: the 1 s topic's partitions paused, each fetch after a resume waited out a
+    # long poll, and 1 % of deliveries came ~100 ms late).
+    parts = assigned(MAIN, LANE)
+    parts.add(MAIN, fetched(*range(8), awake={o: NOW + 1_000 for o in range(8)}))
+    assert parts.wanted_pauses(NOW, max_records=10, max_bytes=10_000) == set()
+    assert parts.wanted_pauses(NOW, max_records=10, max_bytes=800) == {MAIN}  # 800 bytes held: all of it its own
+    assert parts.wanted_pauses(NOW, max_records=10, max_bytes=1_500) == set()
+    parts.add(LANE, fetched(0))
+    assert parts.wanted_pauses(NOW, max_records=10, max_bytes=10_000) == {MAIN}  # now 5 each
+    assert parts.wanted_pauses(NOW, max_records=10, max_bytes=1_500) == {MAIN}  # 750 bytes each
 
 
 def test_a_rewind_returns_to_the_commit_and_hands_the_point_out_again() -> None:
