@@ -171,7 +171,8 @@ class Settings(BaseSettings):
         16_384,
         ge=1,
         description="fetched records one loop holds at most, released ahead or not yet due, shared among its "
-        "partitions (two batches each at least): enough for what falls due within the read-ahead, in any order",
+        "partitions holding records (two batches each at least): enough for what falls due within the read-ahead, "
+        "in any order",
     )
     max_queued_bytes: int = Field(
         64 * 1_048_576,
