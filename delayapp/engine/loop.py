@@ -502,7 +502,7 @@ class HopLoop(Service):
                 batch, offsets, new_waits = self.parts.decide(self.clock, steps, now_s=time.monotonic())
             self.stats.waits += new_waits
             if batch or offsets:
-                committer.begin(offsets, {key for key, _, _ in batch})
+                committer.begin(offsets, {key for key, _, _ in batch}, len(batch))
                 writer.emit(batch)
             committer.after_pass(idle=not (batch or offsets))
 

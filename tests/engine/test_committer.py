@@ -1,0 +1,92 @@
+"""The committer's bound on what is in flight, counted in records (no broker: the clients'
+broker never answers, and nothing here waits for it)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from delayapp.core.clock import GuardedClock
+from delayapp.core.partition import AssignedPartitions
+from delayapp.core.planner import Planner
+from delayapp.engine.committer import MAX_IN_FLIGHT_BATCHES, AtLeastOnceCommitter
+from delayapp.engine.handler import RecordHandler
+from delayapp.engine.service import build_policy
+from delayapp.engine.stats import LoopStats
+from delayapp.engine.writer import Writer
+from delayapp.settings import load_settings
+
+NOWHERE = "127.0.0.1:9"  # nothing listens: writes stay queued, nothing is fetched
+
+
+@pytest.fixture
+def make_committer() -> Iterator[Callable[[int], AtLeastOnceCommitter]]:
+    """An at_least_once committer of a loop whose batches hold at most ``max_batch`` records."""
+    built: list[tuple[Producer, Consumer]] = []
+
+    def make(max_batch: int) -> AtLeastOnceCommitter:
+        settings = load_settings(broker=NOWHERE, topic_prefix="cmt", app_id="cmt", max_batch=max_batch)
+        layout = settings.topic_layout()
+        handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
+        producer = Producer({"bootstrap.servers": NOWHERE, "log_level": 0})
+        consumer = Consumer({"bootstrap.servers": NOWHERE, "group.id": "cmt", "log_level": 0})
+        built.append((producer, consumer))
+        parts, lock, stats, clock = AssignedPartitions(), threading.Lock(), LoopStats(), GuardedClock()
+        writer = Writer(
+            label="cmt",
+            producer=producer,
+            handler=handler,
+            parts=parts,
+            state_lock=lock,
+            stats=stats,
+            clock=clock,
+            audit_topic=layout.audit,
+            states_topic=layout.record_states,
+            ingress=False,
+            audit_hops=False,
+            publish_now=False,
+        )
+        return AtLeastOnceCommitter(
+            label="cmt",
+            producer=producer,
+            consumer=consumer,
+            writer=writer,
+            parts=parts,
+            state_lock=lock,
+            stats=stats,
+            settings=settings,
+            clock=clock,
+            rewind=lambda partitions: None,
+            pause=lambda seconds: None,
+        )
+
+    yield make
+    for _, consumer in built:
+        consumer.close()
+
+
+def test_many_small_batches_do_not_fill_the_loop(make_committer: Callable[[int], AtLeastOnceCommitter]) -> None:
+    # at a moderate rate each pass decides a few records: 16 such passes used to stop the loop
+    # deciding while it drained its producer, every ~16 ms
+    committer = make_committer(500)
+    for offset in range(4 * MAX_IN_FLIGHT_BATCHES):
+        committer.begin({("cmt.delay.1s", 0): (offset + 1, "")}, {("cmt.delay.1s", 0)}, 3)
+    assert committer.in_flight_records == 12 * MAX_IN_FLIGHT_BATCHES
+    assert not committer.full
+    assert committer.make_room() is False
+
+
+def test_full_batches_fill_the_loop_until_acknowledged(make_committer: Callable[[int], AtLeastOnceCommitter]) -> None:
+    committer = make_committer(10)
+    for offset in range(MAX_IN_FLIGHT_BATCHES):
+        assert not committer.full
+        committer.begin({("cmt.delay.1s", 0): (10 * (offset + 1), "")}, {("cmt.delay.1s", 0)}, 10)
+    assert committer.full
+    # nothing was written, so every write in flight is acknowledged: the loop settles instead
+    # of fetching, and the count starts again
+    assert committer.make_room() is True
+    assert committer.in_flight_records == 0 and not committer.in_flight
+    assert not committer.full
