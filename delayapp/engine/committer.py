@@ -77,7 +77,6 @@ class Batch:
     offsets: Offsets
     partitions: set[PartitionKey]  # every partition it released records of or commits
     started_s: float
-    records: int  # how many records it released
 
 
 class Committer:
@@ -128,7 +127,7 @@ class Committer:
     def begin(self, offsets: Offsets, partitions: set[PartitionKey], records: int) -> None:
         """A decided batch of ``records`` with commit points ``offsets``, touching ``partitions``,
         is about to be written."""
-        self.in_flight.append(Batch(offsets, partitions | set(offsets), time.monotonic(), records))
+        self.in_flight.append(Batch(offsets, partitions | set(offsets), time.monotonic()))
         self.in_flight_records += records
 
     @property

@@ -25,7 +25,7 @@ NOWHERE = "127.0.0.1:9"  # nothing listens: writes stay queued, nothing is fetch
 @pytest.fixture
 def make_committer() -> Iterator[Callable[[int], AtLeastOnceCommitter]]:
     """An at_least_once committer of a loop whose batches hold at most ``max_batch`` records."""
-    built: list[tuple[Producer, Consumer]] = []
+    consumers: list[Consumer] = []
 
     def make(max_batch: int) -> AtLeastOnceCommitter:
         settings = load_settings(broker=NOWHERE, topic_prefix="cmt", app_id="cmt", max_batch=max_batch)
@@ -33,7 +33,7 @@ def make_committer() -> Iterator[Callable[[int], AtLeastOnceCommitter]]:
         handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
         producer = Producer({"bootstrap.servers": NOWHERE, "log_level": 0})
         consumer = Consumer({"bootstrap.servers": NOWHERE, "group.id": "cmt", "log_level": 0})
-        built.append((producer, consumer))
+        consumers.append(consumer)
         parts, lock, stats, clock = AssignedPartitions(), threading.Lock(), LoopStats(), GuardedClock()
         writer = Writer(
             label="cmt",
@@ -64,7 +64,7 @@ def make_committer() -> Iterator[Callable[[int], AtLeastOnceCommitter]]:
         )
 
     yield make
-    for _, consumer in built:
+    for consumer in consumers:
         consumer.close()
 
 
