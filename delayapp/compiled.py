@@ -1,13 +1,13 @@
 """The record path's compiled modules: which they are, and whether this process runs them.
 
 ``bin/setup`` compiles the modules a record passes through on every step (:data:`MODULES`:
-the intake, the partition state machine, the step of a released record, the lean step, the
-writer, and the planner, policies and clock they call) with mypyc, from the same sources and
-their type annotations, with the machine's C compiler (``python -m delayapp.dev.compile``).
-Each ``.so`` lands beside its ``.py``; Python imports the ``.so`` first. Counted in
-instructions (``bench.cpu`` under callgrind), that takes a third off an intermediate hop, a
-little more than a quarter off a delivery with its step published, and 6 % off the router's
-admission (whose decode stays in Python).
+the intake, the partition state machine, the step of a released record, the lean step and
+the router's lean admission, the writer, and the planner, policies and clock they call) with
+mypyc, from the same sources and their type annotations, with the machine's C compiler
+(``python -m delayapp.dev.compile``). Each ``.so`` lands beside its ``.py``; Python imports
+the ``.so`` first. Counted in instructions (``bench.cpu`` under callgrind), that takes a third
+off an intermediate hop, a little more than a quarter off a delivery with its step published,
+and 6 % off the router's full-path admission (whose decode stays in Python).
 
 The Python sources stay the reference and the fallback, used instead when
 
@@ -40,6 +40,7 @@ PURE_PYTHON_ENV = "DELAYAPP_PURE_PYTHON"
 # and the Handler protocol, which other packages subclass), the audit contract (read through
 # its own annotations at import), and the loop's client and rebalance code.
 MODULES: tuple[str, ...] = (
+    "delayapp.core.admission",
     "delayapp.core.cancel",
     "delayapp.core.clock",
     "delayapp.core.hop",

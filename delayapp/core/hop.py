@@ -202,7 +202,7 @@ def delivered_json(
     ).encode()
 
 
-def _number(packed: bytes, start: i64, size: i64) -> tuple[i64, i64]:
+def read_number(packed: bytes, start: i64, size: i64) -> tuple[i64, i64]:
     """The decimal number from ``start`` of ``packed`` to the next ``;`` (or its end), and where
     it ends; -1 for the number when there is none, a character is not a digit, or it has more
     than 18 (decode takes 19, all out of every range). Read byte by byte in machine integers
@@ -230,7 +230,7 @@ def _until(packed: bytes, start: i64, size: i64, stop: i64) -> i64:
     return index
 
 
-def _is_record_id(packed: bytes, start: i64, size: i64) -> bool:
+def is_record_id_at(packed: bytes, start: i64, size: i64) -> bool:
     """True when ``packed[start:size]`` is a record id decode accepts: 1 to 200 printable ASCII
     characters, no space (``h.decode_record_id``)."""
     if not 0 < size - start <= h.MAX_RECORD_ID_LENGTH:
@@ -244,12 +244,33 @@ def _is_record_id(packed: bytes, start: i64, size: i64) -> bool:
     return True
 
 
-def _checked(decoder: Callable[[str, bytes | None], str], name: str, raw: bytes | None) -> str | None:
+def checked_text(decoder: Callable[[str, bytes | None], str], name: str, raw: bytes | None) -> str | None:
     """A text header as decode accepts it, or None."""
     try:
         return decoder(name, raw)
     except HeaderError:
         return None
+
+
+class TargetNames:
+    """``reactivateToTopic`` values checked as topic names, remembered: :func:`h.decode_topic`
+    remembers them too, but reaching its memo is a Python call (through :func:`checked_text`'s
+    try) at every step of every record, where a deployment has few targets."""
+
+    def __init__(self) -> None:
+        self._names: dict[bytes, str] = {}
+
+    def of(self, raw: bytes | None) -> str | None:
+        """The target ``raw`` names, as :func:`h.decode_topic` accepts it, or None."""
+        target = self._names.get(raw) if raw is not None else None
+        if target is None:
+            target = checked_text(h.decode_topic, h.REACTIVATE_TO_TOPIC, raw)
+            if target is None:
+                return None
+            if len(self._names) >= h.CHECKED_TOPICS_KEPT:  # bounded against a flood of forged names
+                self._names.clear()
+            self._names[bytes(raw or b"")] = target
+        return target
 
 
 class LeanView:
@@ -340,13 +361,13 @@ def scan(headers: LeanHeaders) -> LeanView | None:
         return None
     # awakeAt, delayHops, the other fields, recordId: read in one pass, each number as it is read
     size: i64 = len(packed)
-    awake, end = _number(packed, len(_AWAKE_FIELD), size)
+    awake, end = read_number(packed, len(_AWAKE_FIELD), size)
     if not _MIN_TIME <= awake <= _MAX_TIME or end == size:
         return None
     start = end + 1 + len(_HOPS_FIELD)
     if packed[end + 1 : start] != _HOPS_FIELD:
         return None
-    hops, tail = _number(packed, start, size)
+    hops, tail = read_number(packed, start, size)
     if not 0 <= hops <= _MAX_COUNT or tail == size:
         return None
     due: int | None = None
@@ -372,7 +393,7 @@ def scan(headers: LeanHeaders) -> LeanView | None:
             kept_end = position
         start = equals + 1
         if kind == _RECORD_ID:  # the last field: its value is the rest, whatever it holds
-            if not _is_record_id(packed, start, size):
+            if not is_record_id_at(packed, start, size):
                 return None
             record_id = packed[start:].decode("ascii")
             break
@@ -389,7 +410,7 @@ def scan(headers: LeanHeaders) -> LeanView | None:
         elif kind == _DELAY_MS:
             return None  # a producer's relative delay: only the router turns it into a due time
         else:
-            value, end = _number(packed, start, size)
+            value, end = read_number(packed, start, size)
             if kind == _RETRIED:
                 if not 0 <= value <= _MAX_COUNT:
                     return None
@@ -471,9 +492,7 @@ class LeanStep:
         self.deliveries = deliveries
         self._topics: dict[tuple[int, bool], str] = {}
         self._topic_of = topic_of
-        # reactivateToTopic values checked as topic names: h.decode_topic remembers them too, but
-        # reaching its memo is a Python call (through _checked's try) at every step of every record
-        self._targets: dict[bytes, str] = {}
+        self._targets = TargetNames()
 
     def take(
         self,
@@ -508,15 +527,9 @@ class LeanStep:
         hops, retried, delayed, record_id = view.hops, view.retried, view.delayed, view.record_id
         # the target's policy at every step, as the full path's: a record written straight into
         # a delay topic is held to the router's rules (a deployment has few targets: remembered)
-        raw_target = view.raw_target
-        target = self._targets.get(raw_target) if raw_target is not None else None
+        target = self._targets.of(view.raw_target)
         if target is None:
-            target = _checked(h.decode_topic, h.REACTIVATE_TO_TOPIC, raw_target)
-            if target is None:
-                return None
-            if len(self._targets) >= h.CHECKED_TOPICS_KEPT:  # bounded against a flood of forged names
-                self._targets.clear()
-            self._targets[bytes(raw_target or b"")] = target
+            return None
         if self.policy.check_target(target, self.known_topics()) is not None:
             return None
         if retried is not None and retried > self.max_retries:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from delayapp.core import headers as h
+from delayapp.core.admission import LeanAdmission, LeanAdmitted
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq, delivered, waiting
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
@@ -68,7 +69,7 @@ class Output:
     audit: AuditEvent | None = None
 
 
-LeanOutput = LeanHop | LeanDelivery
+LeanOutput = LeanHop | LeanDelivery | LeanAdmitted
 """A lean step's write: the fetched record's key and value with the headers it names."""
 
 
@@ -81,6 +82,10 @@ class Handler(Protocol):
     """The lean step (:mod:`delayapp.core.hop`) the loop asks first about a delay topic's
     record (:meth:`~delayapp.core.hop.LeanStep.take`; when it answers None, :meth:`handle`
     decides); None: every record takes :meth:`handle`."""
+    lean_admission: LeanAdmission | None
+    """The lean admission (:mod:`delayapp.core.admission`) the router asks first about an
+    ingress record (when it answers None, :meth:`handle` decides); None: every ingress record
+    takes :meth:`handle`."""
 
     def targets(self, records: Iterable[ConsumedRecord], *, now: int) -> set[str]:
         """The target topics ``records`` name (the loop makes sure they exist before deciding)."""
@@ -137,6 +142,14 @@ class RecordHandler(Handler):
             known_topics=known_topics,
             priority_lane=priority_lane,
             deliveries=slots is None,  # a rate limit reserves delivery slots on the full path
+            max_record_bytes=max_record_bytes,
+        )
+        self.lean_admission: LeanAdmission | None = LeanAdmission(
+            planner=planner,
+            policy=policy,
+            topic_of=lambda denomination, priority: layout.delay_topic(denomination, priority=priority),
+            cancellations=cancellations,
+            known_topics=known_topics,
             max_record_bytes=max_record_bytes,
         )
 

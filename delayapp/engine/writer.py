@@ -25,6 +25,7 @@ from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from delayapp.core.admission import LeanAdmitted
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_record_values, published
 from delayapp.core.clock import GuardedClock, now_ms
 from delayapp.core.hop import LeanDelivery, LeanHeaders, LeanHop
@@ -59,6 +60,9 @@ Decided = list[tuple[PartitionKey, Pending, list[Output] | LeanOutput]]
 
 Step = AuditEvent | LeanDelivery
 """A counted step: the full path's audit event, or a lean delivery (which carries the same fields)."""
+
+Published = Step | LeanAdmitted
+"""A published step: a counted one, or a lean admission (counted as a hop)."""
 
 
 def refused_for_good(error: KafkaError) -> bool:
@@ -115,7 +119,7 @@ class Writer:
         self.refused: dict[tuple[PartitionKey, int], DeadLetter] = {}
         # at_least_once: steps of the writes in flight, published once those are acknowledged:
         # (the event encoded, its record id, its time, the step it is of)
-        self.unpublished: list[tuple[bytes, bytes, int, Step]] = []
+        self.unpublished: list[tuple[bytes, bytes, int, Published]] = []
         self.unwritten: set[int] = set()  # ids of those steps whose write was refused (never published)
         # careful mode (each write names its record) per partition, until committed past this offset
         self.careful_until: dict[PartitionKey, int] = {}
@@ -136,6 +140,24 @@ class Writer:
         stamp = self.clock()
         for key, entry, outputs in batch:
             kind = type(outputs)
+            if kind is LeanAdmitted:  # the ingress record, admitted: written with the state it now carries
+                admitted = cast(LeanAdmitted, outputs)
+                written = partial(self._write_failed, key, entry, admitted.topic, admitted) if careful else None
+                try:
+                    produce(
+                        admitted.topic,
+                        admitted.value,
+                        admitted.key,
+                        headers=cast("list[tuple[str, str | bytes | None]]", admitted.headers),
+                        timestamp=stamp,
+                        on_delivery=written,
+                    )
+                except (BufferError, KafkaException):  # the queue is full, or refused before queuing
+                    written = partial(self._write_failed, key, entry, admitted.topic, admitted)
+                    self.produce(admitted.topic, admitted.value, admitted.key, admitted.headers, written, stamp)
+                hops += 1
+                self._publish_step(admitted.encoded, admitted.record_id, admitted.at, admitted)
+                continue
             if kind is LeanHop or kind is LeanDelivery:  # the fetched record, with the headers the step wrote
                 step = cast(LeanOutput, outputs)
                 headers = cast("list[tuple[str, str | bytes | None]]", step.headers)  # as the stub wants it
@@ -228,7 +250,7 @@ class Writer:
         key: PartitionKey,
         entry: Pending,
         topic: str,
-        audit: Step | None,
+        audit: Published | None,
         error: KafkaError | None,
         message: Message | None,
     ) -> None:
@@ -324,7 +346,7 @@ class Writer:
         ):  # encoded only when written somewhere
             self._publish_step(audit.encode(topic, None, None), audit.record_id, audit.at, audit)
 
-    def _publish_step(self, encoded: bytes, record_id: str, at: int, step: Step) -> None:
+    def _publish_step(self, encoded: bytes, record_id: str, at: int, step: Published) -> None:
         """Publish ``step``, ``encoded``, now (exactly_once) or once its write is acknowledged."""
         if not (self.audit_topic or self.states_topic):
             return

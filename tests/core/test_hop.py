@@ -245,7 +245,7 @@ def test_the_lean_step_decides_as_the_full_path_or_not_at_all(data: st.DataObjec
 )
 def test_a_number_read_byte_by_byte_is_what_decode_reads(raw: bytes, after: bytes) -> None:
     packed = b"awakeAt=" + raw + after
-    value, end = hop._number(packed, 8, len(packed))
+    value, end = hop.read_number(packed, 8, len(packed))
     # decode reads up to 19 digits; every number of 19 is beyond the largest time or count it
     # accepts, so the lean step, which reads up to 18, never takes one decode would refuse
     readable = raw.isdigit() and 0 < len(raw) <= 18
