@@ -9,8 +9,9 @@ head-of-line risk is below the smallest denomination (the paper's worst-case lat
 and, given a ``partial_window_ms``, of any length on a topic of at most that denomination:
 the loops fetch such a topic's records as they arrive (it lies within their read-ahead) and
 release each one when due, ahead of the records before it, so nothing holds it up. Fewer
-hops: on ``100ms,1s,5s`` a delay of 2.35 s is 1s, 1s and a partial 350 ms on 1s (3 hops),
-not 1s, 1s, 3 x 100ms and a partial 50 ms (6).
+hops: on ``100ms,1s,5s`` with a window of 2.1 s a delay of 2.35 s is 1s, 1s and a partial
+350 ms on 1s (3 hops), not 1s, 1s, 3 x 100ms and a partial 50 ms (6); with the default
+read-ahead's 5.1 s it is one partial hop on 5s.
 
 Minimality is exact for any ladder, not only canonical coin systems where greedy
 change-making happens to be optimal ({1,3,4} for 6 is 3+3, not 4+1+1). The table of

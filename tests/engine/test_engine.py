@@ -232,7 +232,8 @@ async def test_every_audited_step_is_written_to_the_record_states_topic_and_serv
 
     state = await wait_for(served, 30, "the view to say delivered")
     await collector.stop()
-    assert state["target"] == target and state["hops"] >= 2 and state["lateness_ms"] >= 0
+    # 2.5 s: one partial hop on the 3s topic, within the read-ahead (or more, re-planned late)
+    assert state["target"] == target and state["hops"] >= 1 and state["lateness_ms"] >= 0
     # entered and delivered only: the hops in between are not published (DELAYAPP_AUDIT_HOPS)
     assert steps(states) == steps(audit) and [(e["status"], e["hops"]) for e in steps(audit)] == [
         ("waiting", 1),
