@@ -75,11 +75,18 @@ class PartitionState:
     ``carried`` until the position passes them.
 
     A pass costs what it releases, not what the partition holds: the records not released yet
-    are also kept in a heap by ``awakeAt`` (stale items are skipped when they surface), released
-    records leave the front of the queue as soon as they reach it, and the commit point is
-    remembered until something moves it. (A pass that walked the whole queue made a loop holding
-    a second of records at a few thousand records/s spend most of its time walking it, once per
-    distinct due time.)
+    are also kept by ``awakeAt`` (stale items are skipped when they surface), released records
+    leave the front of the queue as soon as they reach it, and the commit point is remembered
+    until something moves it. (A pass that walked the whole queue made a loop holding a second
+    of records at a few thousand records/s spend most of its time walking it, once per distinct
+    due time.) Kept by ``awakeAt`` means in one of two places: a run, in offset order, of
+    records whose ``awakeAt`` does not go down (in a delay topic nearly every record: each is
+    written one denomination before it wakes), taken from its front; and a heap for the
+    others. A record from the run costs a deque's append and pop where the heap's cost a
+    sift through a dozen levels at a few thousand records held, and a pass taking only from
+    the run needs no sort to handle its records in offset order. Due records that the
+    release-ahead span keeps behind a waiting head are set aside by offset until the head moves
+    on; passes in between (each newcomer due before the head makes one) do not look at them.
     """
 
     def __init__(
@@ -94,7 +101,13 @@ class PartitionState:
         self.progress_s = now_s  # monotonic time of the assignment or the last record handled
         self.next_offset: int | None = committed  # the position after the last record taken off the queue
         self._ahead: set[int] = set()  # offsets of released records still in the queue (behind its head)
-        self._wakes: list[tuple[int, int, Pending]] = []  # (awakeAt or NO_WAIT, offset, record) not released
+        # (awakeAt or NO_WAIT, offset, record) not released: in offset order with awakeAt not going
+        # down (the run), or in a heap (the others)
+        self._run: deque[tuple[int, int, Pending]] = deque()
+        self._wakes: list[tuple[int, int, Pending]] = []
+        # (offset, record) due but beyond MAX_RELEASED_SPAN from the head: a heap by offset, taken
+        # as the head moves on (looked at again only then, not at every pass)
+        self._held: list[tuple[int, Pending]] = []
         self._point: tuple[int, str] | None = None  # the commit point, until something moves it
         # Offsets released beyond the head (and carried), as bits from ``_bits_base``; ``_bits_top``
         # is the highest set. Bits below the commit point are stale and ignored.
@@ -106,7 +119,7 @@ class PartitionState:
     def add(self, entries: Iterable[Pending]) -> None:
         """Queue fetched records; those a predecessor released ahead are marked released."""
         added = list(entries)
-        carried, wakes = self.carried, self._wakes
+        carried, wakes, run = self.carried, self._wakes, self._run
         for entry in added:
             self.queue.append(entry)
             self.queued_bytes += entry.size
@@ -114,8 +127,12 @@ class PartitionState:
                 entry.released = True
                 self._ahead.add(entry.offset)
                 self._point = None
+                continue
+            key = _wake_key(entry.awake_at)
+            if not run or key >= run[-1][0]:  # fetched in offset order: the run stays in it
+                run.append((key, entry.offset, entry))
             else:
-                heappush(wakes, (_wake_key(entry.awake_at), entry.offset, entry))
+                heappush(wakes, (key, entry.offset, entry))
         self.pop_released()
         if self.wait_until is not None:  # a newcomer may be due before the record it queues behind
             pending = [e.awake_at or 0 for e in added if not e.released]
@@ -200,23 +217,48 @@ class PartitionState:
     def _release_ahead(
         self, now: int, handle: Callable[[Pending, int], Any], clock: Callable[[], int] | None, now_s: float
     ) -> list[tuple[Pending, Any]]:
-        """:meth:`release_due` with release ahead: the due records come off the heap, and are
-        handled in offset order; a record behind a pending head is released ahead while the
-        commit metadata can name it."""
-        wakes = self._wakes
+        """:meth:`release_due` with release ahead: the due records come off the run and the
+        heap, and are handled in offset order; a record behind a pending head is released ahead
+        while the commit metadata can name it."""
+        wakes, run, held = self._wakes, self._run, self._held
         due: list[Pending] = []
+        while run and run[0][0] <= now:  # in offset order
+            key, _, entry = run.popleft()
+            if not entry.released and key == _wake_key(entry.awake_at):  # else a stale item
+                due.append(entry)
+        in_order = True
         while wakes and wakes[0][0] <= now:
             key, _, entry = heappop(wakes)
             if not entry.released and key == _wake_key(entry.awake_at):  # else a stale item
                 due.append(entry)
-        due.sort(key=_offset_of)
+                in_order = False
+        if not in_order:
+            due.sort(key=_offset_of)
+        # Handled in offset order with the records the span held back (due when they were held),
+        # merged in as the head moves on: the head goes first and takes the span along with it.
         done: list[tuple[Pending, Any]] = []
         capped = False
-        for index, entry in enumerate(due):
-            if self.queue[0] is not entry and entry.offset - self.queue[0].offset >= MAX_RELEASED_SPAN:
-                for rest in due[index:]:  # they stay due: handled once the head goes
-                    heappush(wakes, (_wake_key(rest.awake_at), rest.offset, rest))
-                capped = True
+        queue, index, count = self.queue, 0, len(due)
+        while True:
+            if (
+                held
+                and held[0][0] - queue[0].offset < MAX_RELEASED_SPAN
+                and (index == count or held[0][0] < due[index].offset)
+            ):
+                entry = heappop(held)[1]
+                key = _wake_key(entry.awake_at)
+                if key > now:  # the clock read earlier than when it was held: not due yet (never early)
+                    heappush(wakes, (key, entry.offset, entry))
+                    continue
+            elif index < count:
+                entry = due[index]
+                index += 1
+                if queue[0] is not entry and entry.offset - queue[0].offset >= MAX_RELEASED_SPAN:
+                    for rest in due[index - 1 :]:  # they stay due: handled once the head goes
+                        heappush(held, (rest.offset, rest))
+                    capped = True
+                    break
+            else:
                 break
             if self._take(entry, now, handle, now_s, done) and clock is not None and not len(done) % CLOCK_EVERY:
                 now = clock()
@@ -224,8 +266,17 @@ class PartitionState:
             self.wait_until = self.queue[0].awake_at if self.queue else None
         else:
             self._trim_wakes()
-            self.wait_until = wakes[0][0] if wakes else None
+            self.wait_until = self._earliest_wake()
         return done
+
+    def _earliest_wake(self) -> int | None:
+        """The earliest ``awakeAt`` key of the run's and the heap's fronts (None: both empty)."""
+        run, wakes = self._run, self._wakes
+        if not run:
+            return wakes[0][0] if wakes else None
+        if not wakes:
+            return run[0][0]
+        return min(run[0][0], wakes[0][0])
 
     def _take(
         self,
@@ -275,13 +326,25 @@ class PartitionState:
             self._bits_top = offset
 
     def _trim_wakes(self) -> None:
-        """Drop the heap's stale items at its top, and rebuild it when they are most of it."""
-        wakes = self._wakes
+        """Drop the stale items at the front of the run and the top of the heap, and rebuild
+        both when stale items are most of what they hold."""
+        wakes, run = self._wakes, self._run
+        while run and (run[0][2].released or run[0][0] != _wake_key(run[0][2].awake_at)):
+            run.popleft()
         while wakes and (wakes[0][2].released or wakes[0][0] != _wake_key(wakes[0][2].awake_at)):
             heappop(wakes)
-        if len(wakes) > 2 * (len(self.queue) - len(self._ahead)) + 64:
-            self._wakes = [(_wake_key(e.awake_at), e.offset, e) for e in self.queue if not e.released]
-            heapify(self._wakes)
+        if len(wakes) + len(run) > 2 * (len(self.queue) - len(self._ahead)) + 64:
+            run.clear()
+            self._held.clear()  # every record not released goes back by awakeAt
+            wakes = self._wakes = []
+            for entry in self.queue:
+                if not entry.released:
+                    key = _wake_key(entry.awake_at)
+                    if not run or key >= run[-1][0]:
+                        run.append((key, entry.offset, entry))
+                    else:
+                        wakes.append((key, entry.offset, entry))
+            heapify(wakes)
 
     def pop_released(self) -> bool:
         """Drop released records from the front of the queue; True if any were dropped (a pass
@@ -341,7 +404,9 @@ class PartitionState:
         self.next_offset = self.committed
         self.carried = decode_released(self.committed, self.committed_metadata) if self.committed is not None else set()
         self._ahead.clear()
+        self._run.clear()
         self._wakes.clear()
+        self._held.clear()
         self._point = None
         self._restart_bits(self.committed or 0, self.carried)
         return self.committed
