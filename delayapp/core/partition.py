@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush
 from typing import Any
 
 from delayapp.core.policies import Wait
@@ -119,7 +119,7 @@ class PartitionState:
     def add(self, entries: Iterable[Pending]) -> None:
         """Queue fetched records; those a predecessor released ahead are marked released."""
         added = list(entries)
-        carried, wakes, run = self.carried, self._wakes, self._run
+        carried = self.carried
         for entry in added:
             self.queue.append(entry)
             self.queued_bytes += entry.size
@@ -127,12 +127,8 @@ class PartitionState:
                 entry.released = True
                 self._ahead.add(entry.offset)
                 self._point = None
-                continue
-            key = _wake_key(entry.awake_at)
-            if not run or key >= run[-1][0]:  # fetched in offset order: the run stays in it
-                run.append((key, entry.offset, entry))
             else:
-                heappush(wakes, (key, entry.offset, entry))
+                self._keep_by_wake(entry)
         self.pop_released()
         if self.wait_until is not None:  # a newcomer may be due before the record it queues behind
             pending = [e.awake_at or 0 for e in added if not e.released]
@@ -336,15 +332,20 @@ class PartitionState:
         if len(wakes) + len(run) > 2 * (len(self.queue) - len(self._ahead)) + 64:
             run.clear()
             self._held.clear()  # every record not released goes back by awakeAt
-            wakes = self._wakes = []
+            self._wakes = []
             for entry in self.queue:
                 if not entry.released:
-                    key = _wake_key(entry.awake_at)
-                    if not run or key >= run[-1][0]:
-                        run.append((key, entry.offset, entry))
-                    else:
-                        wakes.append((key, entry.offset, entry))
-            heapify(wakes)
+                    self._keep_by_wake(entry)
+
+    def _keep_by_wake(self, entry: Pending) -> None:
+        """Keep ``entry`` (not released) by its ``awakeAt``: at the end of the run when that keeps
+        the run's order (records come in offset order), else in the heap."""
+        key = _wake_key(entry.awake_at)
+        run = self._run
+        if not run or key >= run[-1][0]:
+            run.append((key, entry.offset, entry))
+        else:
+            heappush(self._wakes, (key, entry.offset, entry))
 
     def pop_released(self) -> bool:
         """Drop released records from the front of the queue; True if any were dropped (a pass
