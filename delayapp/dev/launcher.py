@@ -7,7 +7,8 @@ and the name), but honcho signals every process at once and kills what is still 
 later: the broker went first, and the worker spent those seconds printing connection errors
 before it was killed. Here the first process of the Procfile (the broker) is stopped last:
 
-1. Ctrl-C (SIGINT) or SIGTERM, or any process exiting on its own, starts the stop;
+1. Ctrl-C (SIGINT), SIGTERM or SIGHUP (the terminal closed), or any process exiting on its own,
+   starts the stop; a signal while stopping is noted and does not break the order;
 2. every other process gets SIGTERM at once and :data:`GRACE_S` to exit, while the broker still
    serves (the worker leaves its groups, the demo closes its clients);
 3. then the first process gets SIGTERM and the rest of the grace;
@@ -21,13 +22,21 @@ process has already exited (the broker crashed), there is no leave to wait for: 
 :data:`BROKERLESS_S`.
 
 Every process runs in a session of its own, so a terminal's Ctrl-C reaches this launcher only,
-which alone decides the order.
+which alone decides the order. The launcher therefore stops what it started whatever happens to
+its own output: ``bin/demo | tee demo.log`` and Ctrl-C kills tee too, and the launcher's next
+write fails (EPIPE; SIGPIPE is ignored). From then on what it would print goes to the stop file,
+kept, and a line on stderr names it; the output pumps keep draining the processes' pipes so none
+blocks on a full one. An error in the launcher itself kills what is still running rather than
+leave it orphaned, and on Linux each process gets SIGTERM if the launcher dies outright (SIGKILL:
+``PR_SET_PDEATHSIG``; only the Procfile command's own process, which is why its lines ``exec``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import re
 import signal
@@ -36,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -53,6 +63,25 @@ BROKERLESS_S = 2.0
 no group to leave (its loops stop in ~1.5 s; Faust's own consumer may hang: it is killed)."""
 
 _PROBLEM = re.compile(r"\b(WARNING|ERROR|CRITICAL|Traceback)\b")
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGTERM the child when the launcher dies (None elsewhere).
+
+    Resolved here, before any fork: the child only makes the call (no import, no lookup)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    launcher = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != launcher:  # the launcher died before the call: no signal will come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 @dataclass
@@ -96,21 +125,67 @@ class Launcher:
         self.stopping = threading.Event()
         self._print_lock = threading.Lock()
         self.stop_log: IO[str] | None = None  # what the processes print while stopping
+        self.out_lost = False  # ``out`` failed (its reader gone): lines go to the stop log
         self.held = self.problems = 0
+        self.signals: list[str] = []  # the stop signals received, in words
+        self._signals_handled = False
 
     def say(self, name: str, text: str) -> None:
-        """Print one line as ``HH:MM:SS name | text``."""
+        """Print one line as ``HH:MM:SS name | text`` (to the stop log once ``out`` has failed)."""
+        line = f"{datetime.now():%H:%M:%S} {name.ljust(self.width)} | {text}\n"
         with self._print_lock:
-            self.out.write(f"{datetime.now():%H:%M:%S} {name.ljust(self.width)} | {text}\n")
-            self.out.flush()
+            if not self.out_lost:
+                try:
+                    self.out.write(line)
+                    self.out.flush()
+                    return
+                except (OSError, ValueError):  # EPIPE (`| tee` killed by Ctrl-C), EIO (terminal gone)
+                    self._lose_out()
+            self._open_stop_log()
+            assert self.stop_log is not None
+            if self.stop_log.closed:  # after the stop: nothing left to say
+                return
+            self.stop_log.write(line)
+            self.stop_log.flush()
+
+    def _lose_out(self) -> None:
+        """``out`` failed: stop writing to it, and make its descriptor a sink (Python's own flush
+        of stdout at exit would fail again and print a traceback). Called under the print lock."""
+        self.out_lost = True
+        if self.out is sys.stdout:
+            with contextlib.suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+
+    def _open_stop_log(self) -> None:
+        if self.stop_log is None:
+            self.stop_log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop, kept on disk
+                "w", prefix="delayapp-stop-", suffix=".log", delete=False
+            )
+
+    def handle_signals(self) -> None:
+        """Note Ctrl-C, SIGTERM and SIGHUP instead of dying of them; :meth:`wait` returns on the
+        first. Kept while stopping: a second one does not break the order. SIGPIPE is ignored
+        (Python's default, made sure): a closed output is an error :meth:`say` handles."""
+
+        def _signalled(signum: int, _frame: object) -> None:
+            self.signals.append("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
+
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, _signalled)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        self._signals_handled = True
 
     def _pump(self, proc: Proc) -> None:
+        # drains the pipe to its end whatever happens to ``out``: a process blocked writing to a
+        # full pipe could not stop
         assert proc.process is not None and proc.process.stdout is not None
         for raw in proc.process.stdout:
             line = raw.decode("utf-8", "replace").rstrip()
             if self.stopping.is_set() and not self.verbose:
                 with self._print_lock:
-                    if self.stop_log is not None:
+                    if self.stop_log is not None and not self.stop_log.closed:
                         self.stop_log.write(f"{datetime.now():%H:%M:%S.%f} {proc.name} | {line}\n")
                     self.held += 1
                     self.problems += bool(_PROBLEM.search(line))
@@ -120,7 +195,8 @@ class Launcher:
     def start(self) -> None:
         """Start every process, each in a session of its own, with unbuffered Python output."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        for proc in self.procs:
+        preexec = _parent_death_signal()
+        for proc in self.procs:  # all forked before any pump thread runs: a preexec_fn is safe then
             proc.process = subprocess.Popen(
                 ["bash", "-c", proc.command],
                 stdin=subprocess.DEVNULL,
@@ -128,38 +204,34 @@ class Launcher:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # Ctrl-C reaches the launcher only: it orders the stop
+                preexec_fn=preexec,
             )
+        for proc in self.procs:
+            assert proc.process is not None
             proc.pump = threading.Thread(target=self._pump, args=(proc,), name=f"pump-{proc.name}", daemon=True)
             proc.pump.start()
             self.say("launcher", f"started {proc.name} (pid {proc.process.pid})")
 
     def wait(self) -> str:
         """Block until a signal arrives or a process exits; why, in words."""
-        why: list[str] = []
-
-        def _signalled(signum: int, _frame: object) -> None:
-            why.append("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
-
-        # kept while stopping: a second Ctrl-C is noted, and does not break the order
-        signal.signal(signal.SIGINT, _signalled)
-        signal.signal(signal.SIGTERM, _signalled)
-        while not why:
+        if not self._signals_handled:
+            self.handle_signals()
+        while not self.signals:
             for proc in self.procs:
                 assert proc.process is not None
                 code = proc.process.poll()
                 if code is not None:
                     return f"{proc.name} exited ({code})"
             time.sleep(0.1)
-        return why[0]
+        return self.signals[0]
 
     def stop(self, why: str) -> int:
         """Stop every process, the first one last; 0 when all stopped without a kill."""
         first, rest = self.procs[0], self.procs[1:]
         assert first.process is not None
         if not self.verbose:
-            self.stop_log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below, kept on disk
-                "w", prefix="delayapp-stop-", suffix=".log", delete=False
-            )
+            with self._print_lock:
+                self._open_stop_log()
         self.stopping.set()
         started = time.monotonic()
         self.say("launcher", f"{why}: stopping {', '.join(p.name for p in rest) or 'nothing'}, then {first.name}")
@@ -170,7 +242,17 @@ class Launcher:
         self._stop_group(rest, started, deadline=started + grace_s)
         if not first_gone:
             self._stop_group([first], started, deadline=started + self.grace_s)
-        if self.stop_log is not None:
+        if self.out_lost:  # the stop lines are in the stop log: keep it, and say where
+            with self._print_lock:
+                assert self.stop_log is not None
+                self.stop_log.close()
+            with contextlib.suppress(OSError, ValueError):
+                print(
+                    f"{datetime.now():%H:%M:%S} launcher | output closed: stop lines in {self.stop_log.name}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        elif self.stop_log is not None:
             with self._print_lock:
                 self.stop_log.close()
             if self.problems:
@@ -224,6 +306,13 @@ class Launcher:
         with contextlib.suppress(ProcessLookupError):  # already gone
             os.killpg(proc.process.pid, signum)
 
+    def kill_left(self) -> None:
+        """Kill what still runs (SIGKILL): the launcher failed, and an orphan would outlive it."""
+        for proc in self.procs:
+            if proc.process is not None and proc.process.poll() is None:
+                self._signal(proc, signal.SIGKILL)
+                proc.process.wait()
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run a Procfile until Ctrl-C, then stop it in order."""
@@ -233,8 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="show everything the processes print while stopping")
     args = parser.parse_args(argv)
     launcher = Launcher(read_procfile(args.procfile), grace_s=args.grace, verbose=args.verbose)
-    launcher.start()
-    return launcher.stop(launcher.wait())
+    launcher.handle_signals()  # before any start: a signal now must not kill the launcher alone
+    try:
+        launcher.start()
+        return launcher.stop(launcher.wait())
+    finally:
+        launcher.kill_left()  # nothing after a clean stop; after an error, no orphan
 
 
 if __name__ == "__main__":
