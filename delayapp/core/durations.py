@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 
+from delayapp.core.numbers import INT64_MAX, NotAnInteger, parse_int
 from delayapp.errors import ConfigError
 
 UNIT_MS: dict[str, int] = {
@@ -15,7 +17,7 @@ UNIT_MS: dict[str, int] = {
     "w": 604_800_000,
 }
 
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", re.ASCII)  # \d: 0-9 only, not every script's digits
 
 
 def parse_duration(text: str | int) -> int:
@@ -28,8 +30,11 @@ def parse_duration(text: str | int) -> int:
             raise ConfigError(f"duration must not be negative: {text}")
         return text
     compact = text.strip().replace(" ", "").lower()
-    if compact.isdigit():
-        return int(compact)
+    if compact.isdigit():  # also true for "²": parse_int refuses what int() cannot read
+        try:
+            return parse_int(compact)
+        except NotAnInteger as exc:
+            raise ConfigError(f"not a duration: {exc}") from None
     pos, total = 0, 0.0
     for match in _PART.finditer(compact):
         if match.start() != pos:
@@ -38,6 +43,8 @@ def parse_duration(text: str | int) -> int:
         pos = match.end()
     if not compact or pos != len(compact):
         raise ConfigError(f"not a duration: {text!r} (use e.g. 500ms, 5s, 1m, 1h19m, 7d)")
+    if not math.isfinite(total) or total > INT64_MAX:  # "9...9w": a float overflows, or past 64 bits
+        raise ConfigError(f"duration out of range: {text[:40]!r}")
     return round(total)
 
 

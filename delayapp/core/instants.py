@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from delayapp.core.durations import parse_duration
+from delayapp.core.numbers import NotAnInteger, parse_int
 from delayapp.errors import ConfigError
 
 AGO = -1
@@ -28,8 +29,11 @@ def parse_instant(text: str, *, now_ms: int, relative: int | None = None) -> int
     Raises :class:`ConfigError` with an example of what is accepted.
     """
     raw = text.strip()
-    if raw.isdigit():
-        value = int(raw)
+    if raw.isdigit():  # also true for "²": parse_int refuses what int() cannot read
+        try:
+            value = parse_int(raw)
+        except NotAnInteger as exc:
+            raise ConfigError(f"not a point in time: {exc} (use e.g. {now_ms} or an ISO-8601 time)") from None
         if value < _SMALLEST_EPOCH_MS:
             raise ConfigError(f"{raw} is not epoch milliseconds (seconds?): use e.g. {now_ms} or an ISO-8601 time")
         return value
@@ -62,4 +66,8 @@ def format_instant(ms: int | None) -> str:
     """ISO-8601 UTC with milliseconds (``2026-11-21T09:30:00.000Z``), or ``-`` for None."""
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    try:
+        when = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    except (OverflowError, ValueError, OSError):  # past year 9999 (a record-states value anyone may write)
+        return f"{ms} ms (out of range)"
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

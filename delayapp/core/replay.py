@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from delayapp.core import headers as h
+from delayapp.core.numbers import read_int
 
 REPLAYED_FROM = "replayedFrom"
 """Header a replayed record carries: the dead letter it came from (``topic/partition/offset``)."""
@@ -38,6 +39,9 @@ class DeadLetterInfo:
     target: str | None
     record_id: str | None
     value_dropped: bool
+    # why part of the headers was ignored (a deadLetterAt that is not epoch ms: at_ms None), for
+    # the readers to count (delayapp.core.malformed); None when every header read
+    problem: str | None = None
 
 
 def _text(headers: Iterable[tuple[str, bytes | None]], name: str) -> str | None:
@@ -61,14 +65,16 @@ def dead_letter_info(headers: Iterable[tuple[str, bytes | None]] | None) -> Dead
     hs = [(name, None if raw is None else bytes(raw)) for name, raw in headers or ()]
     block = _engine_block(hs)
     at = _text(block, h.DEAD_LETTER_AT)
+    at_ms = read_int(at)  # None when unreadable ("²".isdigit() is true, int("²") raises)
     return DeadLetterInfo(
         reason=_text(block, h.DEAD_LETTER_REASON),
         detail=_text(block, h.DEAD_LETTER_DETAIL),
-        at_ms=int(at) if at and at.isdigit() else None,
+        at_ms=at_ms,
         origin=_text(block, h.DEAD_LETTER_FROM),
         target=_text(hs, h.REACTIVATE_TO_TOPIC),
         record_id=_text(hs, h.RECORD_ID),
         value_dropped=h.header_value(block, h.DEAD_LETTER_VALUE_DROPPED) is not None,
+        problem=f"bad {h.DEAD_LETTER_AT}" if at is not None and at_ms is None else None,
     )
 
 
@@ -148,5 +154,5 @@ def replay_record_headers(
 def _replays(headers: list[tuple[str, bytes | None]]) -> int:
     """How many times the record of a dead letter had been replayed (``timeReplayed``; 0 when
     absent, or unreadable: its dead letter may be a malformed header's)."""
-    raw = h.header_value(headers, h.TIME_REPLAYED)
-    return int(raw) if raw is not None and raw.isdigit() and int(raw) < h.MAX_COUNT else 0
+    replays = read_int(h.header_value(headers, h.TIME_REPLAYED), hi=h.MAX_COUNT - 1)
+    return 0 if replays is None else replays
