@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.5.0"  # one source of truth with pyproject.toml's version (tests/test_version.py); CHANGELOG.md
 
 # Before any module of the record path is imported: its compiled build, or its sources when
 # asked for (DELAYAPP_PURE_PYTHON) or when the build is missing or older than the sources.

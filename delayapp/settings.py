@@ -45,6 +45,13 @@ class Guarantee(str, enum.Enum):
     EXACTLY_ONCE = "exactly_once"
 
 
+class OnMalformed(str, enum.Enum):
+    """What a reader does with a record it cannot use (:mod:`delayapp.core.malformed`)."""
+
+    SKIP = "skip"  # count it, log the first of its kind, go on
+    STOP = "stop"  # raise: the reader, and with it the worker, stops at that record
+
+
 def _ms(value: Any) -> int:
     try:
         return parse_duration(value if isinstance(value, (int, str)) else str(value))
@@ -255,6 +262,12 @@ class Settings(BaseSettings):
         description="when set, every web view but /health requires it as a bearer token or through the console's "
         "login form (console, stats, records, policies, metrics, Faust's /router and /table; "
         "the API token reads too); unset = reads are open",
+    )
+    on_malformed_record: OnMalformed = Field(
+        OnMalformed.SKIP,
+        description="skip: a record a reader cannot use (record-states, cancel, dead-letter topics) is skipped, "
+        "counted per topic and reason (/delay/stats, delayapp_malformed_records) and the first of each kind "
+        "logged with its offset; stop: the reader raises and the worker stops at it",
     )
     stats_window: int = Field(
         60_000, description="window of the throughput and lateness figures in /delay/stats (duration)"

@@ -13,6 +13,9 @@ appended within ``keep_ms``, found with ``offsets_for_times``, and older records
 are skipped), are forgotten once they age past it (:class:`~delayapp.core.cancel.CancelTable`
 keeps each as one int beside its id), and the topic itself deletes them
 (``cleanup.policy=compact,delete``, retention ``keep_ms``). A tombstone withdraws a cancel.
+Any value cancels (:func:`~delayapp.core.cancel.decode_cancel` reads what it can of it); a
+record without a key names no record and is skipped and counted
+(:data:`~delayapp.engine.stats.MALFORMED_RECORDS`).
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from mode import Service
 from delayapp.core.cancel import CancelRequest, CancelTable, decode_cancel
 from delayapp.core.clock import now_ms
 from delayapp.core.layout import DAY_MS
+from delayapp.core.malformed import NO_KEY
 from delayapp.core.policies import CREATE_TIME
 from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.records import ConsumedRecord
+from delayapp.engine.stats import MALFORMED_RECORDS
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +133,9 @@ class CancelRegistry(Service):
                 )
                 if request is not None and request.cancelled_at >= horizon:
                     self._cancels.put(request)
+                elif key is None and record.value is not None:
+                    # a cancel names its record by its key: without one it cancels nothing
+                    MALFORMED_RECORDS.skip(self.topic, NO_KEY, partition=record.partition, offset=record.offset)
                 elif key is not None:
                     # a tombstone withdraws the cancellation; a cancel too old to matter
                     # replaces (so drops) any earlier one of its id, as compaction would

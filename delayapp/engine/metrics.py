@@ -22,6 +22,8 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 
 from delayapp.core.audit import RecordStatus
+from delayapp.core.malformed import MalformedRecords
+from delayapp.engine.stats import MALFORMED_RECORDS
 
 LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 HOP_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20)
@@ -170,14 +172,32 @@ def _add_histogram(
     family.add_metric(labels, buckets, total / scale)
 
 
-class EngineMetrics:
-    """The engine's counters, histograms and gauges."""
+class _Malformed(Collector):
+    """The records this process's readers skipped, per topic and reason, read at each scrape."""
 
-    def __init__(self) -> None:
+    def __init__(self, counts: MalformedRecords) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        yield _counter(
+            "delayapp_malformed_records",
+            "records a reader could not use and skipped (record-states, cancel, dead-letter topics), "
+            "per topic and reason: should stay 0",
+            ["topic", "reason"],
+            self.counts.counts(),
+        )
+
+
+class EngineMetrics:
+    """The engine's counters, histograms and gauges; ``malformed`` the records its process's
+    readers skipped (the process's :data:`~delayapp.engine.stats.MALFORMED_RECORDS` unless given)."""
+
+    def __init__(self, malformed: MalformedRecords = MALFORMED_RECORDS) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.tallies = _Tallies()
         r.register(self.tallies)
+        r.register(_Malformed(malformed))
         self.pending = Gauge(
             "delayapp_pending_records",
             "records not yet processed (consumer lag), per delayapp topic",

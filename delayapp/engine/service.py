@@ -21,7 +21,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from mode import Service
 
-from delayapp import compiled
+from delayapp import __version__, compiled
 from delayapp.core.clock import GuardedClock, monotonic_ms, now_ms
 from delayapp.core.layout import TopicLayout
 from delayapp.core.policies import Policy
@@ -119,7 +119,7 @@ class DelayEngine(Service):
         started = time.monotonic()
         self.planner = settings.planner
         log.info("planner ready for ladder %s in %.0f ms", settings.ladder, (time.monotonic() - started) * 1000)
-        log.info("record path: %s", compiled.status())
+        log.info("delayapp %s, record path: %s", __version__, compiled.status())  # the version: CHANGELOG.md
         self.policy = build_policy(settings, self.layout)
         self.known_topics = KnownTopics(settings.kafka_client_kwargs())
         self.cancellations = CancelRegistry(

@@ -2,10 +2,13 @@
 
 Pending records and lag are cluster-wide (end offsets minus each group's committed
 offsets); oldest due times, throughput and lateness are this worker's, over a recent window.
+:data:`MALFORMED_RECORDS` counts, for the whole process, the records its readers could not use
+(``malformed_records`` in the body, ``delayapp_malformed_records`` in the metrics).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
@@ -13,8 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from delayapp.core.audit import RecordStatus
+from delayapp.core.malformed import MalformedRecords
 
 RECENT_EVENTS = 50_000  # per loop, for windowed throughput and lateness percentiles
+
+
+MALFORMED_RECORDS = MalformedRecords(report=logging.getLogger("delayapp.malformed").warning)
+"""The records this process's readers skipped because they could not use them, per (topic,
+reason): the record-states reader, the cancel registry, the dead-letter readers (one process,
+one count: every reader reports here; the app sets ``stop`` from ``DELAYAPP_ON_MALFORMED_RECORD``)."""
 
 
 @dataclass
@@ -130,4 +140,6 @@ def engine_figures(
         "loops": {lp.name: loop_figures(lp, lag, now_ms=now_ms, window_ms=window_ms) for lp in loops},
         "deliveries_by_target": dict(sorted(by_target.items())),
         "dead_letters_by_reason": dict(sorted(by_reason.items())),
+        # records a reader of this worker skipped (topic -> reason -> count): should stay empty
+        "malformed_records": MALFORMED_RECORDS.by_topic(),
     }

@@ -23,10 +23,11 @@ from delayapp.compat.loops import compat_loops
 from delayapp.engine.bootstrap import bootstrap_topics
 from delayapp.engine.connect import check_broker_access
 from delayapp.engine.service import DelayEngine
+from delayapp.engine.stats import MALFORMED_RECORDS
 from delayapp.faustapp import driver as faust_driver
 from delayapp.faustapp.access import ReadGuard
 from delayapp.faustapp.console_feed import DeadLetterTail
-from delayapp.settings import Settings, load_settings
+from delayapp.settings import OnMalformed, Settings, load_settings
 from delayapp.statestore.disk import DiskStateStore
 from delayapp.statestore.remote import Router
 from delayapp.statestore.service import PartitionedStates
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 
 settings: Settings = load_settings()
 layout = settings.topic_layout()
+# every reader of this worker skips (and counts) a record it cannot use, or stops at it
+MALFORMED_RECORDS.stop = settings.on_malformed_record is OnMalformed.STOP
 #: Who may read the web server (every view but /health needs DELAYAPP_READ_TOKEN, when set).
 read_guard = ReadGuard(
     settings.read_token.get_secret_value() if settings.read_token else None,

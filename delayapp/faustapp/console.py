@@ -187,6 +187,14 @@ def alerts(
                 out.append({"level": level, "text": f"loop {name} {what}: {totals[counter]} times"})
         if (totals.get("rebalances") or 0) > 1:
             out.append({"level": "info", "text": f"loop {name} rebalanced {totals['rebalances']} times since start"})
+    for topic, reasons in (stats.get("malformed_records") or {}).items():
+        for reason, count in reasons.items():  # a reader skipped records it could not use
+            out.append(
+                {
+                    "level": "warning",
+                    "text": f"{count} records of {topic} skipped ({reason}); the log names the first one's offset",
+                }
+            )
     if dead_letters_recent:
         out.append({"level": "warning", "text": f"{dead_letters_recent} records dead-lettered in the last hour"})
     if not view_caught_up:

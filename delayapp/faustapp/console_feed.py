@@ -21,8 +21,10 @@ from mode import Service
 
 from delayapp.core.clock import now_ms
 from delayapp.core.layout import TopicLayout
+from delayapp.core.malformed import NOT_JSON, MalformedRecordError
 from delayapp.core.replay import dead_letter_info, replay_key
 from delayapp.engine.metadata import topic_partitions
+from delayapp.engine.stats import MALFORMED_RECORDS
 from delayapp.faustapp.console import DeadLetterSummary, Head, console_body
 from delayapp.settings import Settings
 from delayapp.statestore.disk import NO_DUE
@@ -54,6 +56,8 @@ class DeadLetterTail(Service):
         while not self.should_stop:
             try:
                 await self._read()
+            except MalformedRecordError:  # DELAYAPP_ON_MALFORMED_RECORD=stop: stop, as every reader does
+                raise
             except Exception as exc:  # a broker hiccup: read again from the start, never kill the worker
                 log.warning("console: dead-letter tail failed (%s: %s); reading again", type(exc).__name__, exc)
                 self.summary, self.caught_up = DeadLetterSummary(), False
@@ -97,12 +101,16 @@ class DeadLetterTail(Service):
                 marker = None if record.value is None else orjson.loads(record.value)
             except orjson.JSONDecodeError:
                 marker = {"unreadable": True}  # still a marker: it was replayed
+                MALFORMED_RECORDS.skip(record.topic, NOT_JSON, partition=record.partition, offset=record.offset)
             self.summary.mark(key, marker)
             return
         headers = [(name, b"" if raw is None else bytes(raw)) for name, raw in record.headers or ()]
+        info = dead_letter_info(headers)
+        if info.problem is not None:  # still listed, without what it cannot read
+            MALFORMED_RECORDS.skip(record.topic, info.problem, partition=record.partition, offset=record.offset)
         self.summary.add(
             replay_key(record.topic, record.partition, record.offset),
-            dead_letter_info(headers),
+            info,
             timestamp_ms=record.timestamp,
             now_ms=now_ms(),
         )

@@ -1,4 +1,10 @@
-"""Dead letters: scanning the dead-letter topic and replaying what a filter selects, each at most once."""
+"""Dead letters: scanning the dead-letter topic and replaying what a filter selects, each at most once.
+
+Neither topic is validated on the way in (anyone may write to it): a dead letter whose
+``deadLetterAt`` is not epoch ms is still listed and replayable, without a time (a time window
+does not select it); a replay marker that is not JSON still marks its dead letter as replayed.
+Both are counted in :data:`~delayapp.engine.stats.MALFORMED_RECORDS`, the first of each logged.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +19,10 @@ from aiokafka import AIOKafkaProducer
 
 from delayapp.core.clock import now_ms
 from delayapp.core.layout import TopicLayout
+from delayapp.core.malformed import NOT_JSON
 from delayapp.core.replay import DeadLetterInfo, ReplayFilter, Skip, dead_letter_info, replay_key, replay_record_headers
 from delayapp.engine.bootstrap import probe_transactions
+from delayapp.engine.stats import MALFORMED_RECORDS
 from delayapp.ops.scan import scan_topic
 from delayapp.settings import Settings
 
@@ -62,6 +70,7 @@ async def read_replay_markers(settings: Settings, layout: TopicLayout) -> dict[s
             markers[key] = orjson.loads(record.value)
         except orjson.JSONDecodeError:
             markers[key] = {"unreadable": True}  # still a marker: it was replayed
+            MALFORMED_RECORDS.skip(record.topic, NOT_JSON, partition=record.partition, offset=record.offset)
     return markers
 
 
@@ -85,6 +94,8 @@ async def scan_dead_letters(
         scan.scanned += 1
         headers = [(name, b"" if raw is None else bytes(raw)) for name, raw in record.headers or ()]
         info = dead_letter_info(headers)
+        if info.problem is not None:  # still listed: a header it cannot read is left out
+            MALFORMED_RECORDS.skip(record.topic, info.problem, partition=record.partition, offset=record.offset)
         if not selection.matches_info(info):
             continue
         dead = DeadLetter(record, headers, info)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,6 +40,8 @@ import orjson
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 
 from delayapp.core.audit import RecordStatus, is_final, step_order
+from delayapp.core.malformed import NO_KEY, NOT_JSON, state_problem
+from delayapp.core.numbers import json_int
 from delayapp.core.readmodel import RECENT_FINALS, state_of
 from delayapp.statestore.errors import StoreUnavailable
 
@@ -84,9 +86,10 @@ def _due_prefix(partition: int) -> bytes:
 
 def due_bucket(reactivate_at: Any) -> int:
     """The start (ms) of the :data:`DUE_BUCKET_MS` bucket a due time falls in; :data:`NO_DUE` for none."""
-    if reactivate_at is None:
+    # never raises: held states and the service's counts call it too (a fold checks its input first)
+    due = json_int(reactivate_at, lo=NO_DUE + DUE_BUCKET_MS)
+    if due is None:
         return NO_DUE
-    due = int(reactivate_at)
     return due - due % DUE_BUCKET_MS
 
 
@@ -211,9 +214,20 @@ class DiskStateStore:
 
     # -- the fold ------------------------------------------------------------------------------
 
-    def apply(self, partition: int, records: Iterable[tuple[bytes | None, bytes | None]], next_offset: int) -> int:
+    def apply(
+        self,
+        partition: int,
+        records: Iterable[tuple[bytes | None, bytes | None]],
+        next_offset: int,
+        malformed: Callable[[int, str, str], None] | None = None,
+    ) -> int:
         """Fold ``records`` of ``partition`` (key, value) in and store ``next_offset`` with them,
-        in one write batch; how many states changed. ``partition`` must be :meth:`load`-ed."""
+        in one write batch; how many states changed. ``partition`` must be :meth:`load`-ed.
+
+        A record that is not a record state (no key, not JSON, a field of the wrong type:
+        :func:`~delayapp.core.malformed.state_problem`) is skipped, counted in :attr:`malformed`
+        and handed to ``malformed`` (its index in ``records``, the reason, what was wrong); the
+        offset still moves past it. Should ``malformed`` raise, nothing of the batch is written."""
         due = self._due.setdefault(partition, {})
         records = list(records)
         # Every held state of the batch in one multi-get: each call into RocksDB releases the
@@ -225,9 +239,9 @@ class DiskStateStore:
         written: set[bytes] = set()
         expiring: list[tuple[bytes, bytes]] = []
         changed = 0
-        for key, value in records:
+        for index, (key, value) in enumerate(records):
             if not key:
-                self.malformed += 1
+                self._skip(malformed, index, NO_KEY, "")
                 continue
             skey = _STATE + key
             held = pending[skey]
@@ -240,10 +254,16 @@ class DiskStateStore:
                 continue
             try:
                 event = orjson.loads(value)
-                order = step_order(event)
-            except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
-                self.malformed += 1
+            except orjson.JSONDecodeError:
+                self._skip(malformed, index, NOT_JSON, "")
                 continue
+            # Checked before anything is computed from it: a wrong type raised here once (int("soon"),
+            # struct.pack of a retry count past 64 bits), and stopped the worker at every start.
+            problem = state_problem(event)
+            if problem is not None:
+                self._skip(malformed, index, *problem)
+                continue
+            order = step_order(event)
             if held is not None:
                 _, held_bucket, held_order, _ = _read_head(held)
                 if order <= held_order:
@@ -257,8 +277,8 @@ class DiskStateStore:
             written.add(skey)
             changed += 1
             if final:
-                at = int(event.get("at") or 0)
-                expiring.append((_EXPIRY + _signed_key(at) + key, _I64.pack(int(event.get("seq", -1)))))
+                at = event.get("at") or 0  # checked: an int64 or absent
+                expiring.append((_EXPIRY + _signed_key(at) + key, _I64.pack(order[3])))
                 self.recent_finals.append((at, str(event.get("status")), event.get("target"), event.get("lateness_ms")))
         batch = WriteBatch(raw_mode=True)
         for skey in written:
@@ -280,6 +300,12 @@ class DiskStateStore:
         batch.put(_offset_key(partition), _I64.pack(next_offset))
         self._db.write(batch)
         return changed
+
+    def _skip(self, malformed: Callable[[int, str, str], None] | None, index: int, reason: str, detail: str) -> None:
+        """Count a record of a batch that is not a state, and tell ``malformed`` (which may raise)."""
+        self.malformed += 1
+        if malformed is not None:
+            malformed(index, reason, detail)
 
     @staticmethod
     def _count(due: dict[int, int], touched: set[int], bucket: int, delta: int) -> None:
@@ -308,9 +334,10 @@ class DiskStateStore:
                 continue
             final, _, _, start = _read_head(held)
             state = orjson.loads(held[start:])
-            held_seq, at = int(state.get("seq", -1)), int(state.get("at") or 0)
+            # read as the fold checked them; anything else never matches the entry and stays
+            held_seq, at = json_int(state.get("seq", -1)), json_int(state.get("at") or 0)
             # only the very state indexed: one replaced since (a retry, a newer step) stays
-            if final and held_seq == _I64.unpack(seq)[0] and _signed_key(at) == xkey[1:9]:
+            if final and held_seq == _I64.unpack(seq)[0] and at is not None and _signed_key(at) == xkey[1:9]:
                 batch.delete(skey)
                 gone += 1
         self._db.write(batch)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ from delayapp.core.audit import RecordStatus
 from delayapp.core.cancel import CancelTable, applies_to
 from delayapp.core.clock import now_ms
 from delayapp.engine.metadata import topic_partitions
+from delayapp.engine.stats import MALFORMED_RECORDS
 from delayapp.statestore.disk import DiskStateStore, due_bucket
 from delayapp.statestore.routing import OwnerAssignor, Owners, partition_of
 
@@ -191,7 +192,12 @@ class PartitionedStates(Service):
             newest: int | None = None
             for tp, records in fetched.items():
                 if records and tp.partition in self.owned:
-                    self.store.apply(tp.partition, ((r.key, r.value) for r in records), records[-1].offset + 1)
+                    self.store.apply(
+                        tp.partition,
+                        ((r.key, r.value) for r in records),
+                        records[-1].offset + 1,
+                        _malformed_reporter(self.topic, tp.partition, records),
+                    )
                     newest = max(newest or 0, records[-1].timestamp)
             if fetched:
                 self._quiet_since = time.monotonic()
@@ -270,12 +276,25 @@ class PartitionedStates(Service):
     def _warn_malformed(self) -> None:
         if self.store.malformed:
             log.warning(
-                "record-states: %d records on %s were not a record state (ignored)", self.store.malformed, self.topic
+                "record-states: %d records on %s were not a record state (skipped; by reason in /delay/stats)",
+                self.store.malformed,
+                self.topic,
             )
 
     @Service.timer(10.0)
     async def _expire(self) -> None:
         self.store.expire(now_ms=now_ms(), limit=EXPIRE_BATCH)
+
+
+def _malformed_reporter(topic: str, partition: int, records: list[Any]) -> Callable[[int, str, str], None]:
+    """What the store calls for a record of ``records`` that is not a state: counted and, the
+    first of its kind, logged with its offset (:data:`~delayapp.engine.stats.MALFORMED_RECORDS`;
+    it raises under ``DELAYAPP_ON_MALFORMED_RECORD=stop``, before the batch is written)."""
+
+    def report(index: int, reason: str, detail: str) -> None:
+        MALFORMED_RECORDS.skip(topic, reason, partition=partition, offset=records[index].offset, detail=detail)
+
+    return report
 
 
 class _Listener(ConsumerRebalanceListener):

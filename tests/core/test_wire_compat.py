@@ -20,14 +20,17 @@ from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
 from delayapp.core.policies import LOG_APPEND_TIME, Policy, Wait
 from delayapp.core.readmodel import RecordStateStore, state_of
+from delayapp.core.released import decode_released, encode_released
 from delayapp.engine.handler import RecordHandler
 from delayapp.statestore.disk import DiskStateStore
 from tests.support.records import Rec
 from tests.support.wire_formats import (
     CANCEL_RECORD,
     CANCEL_VALUES,
+    COMMIT_METADATA,
     DELAY_FORMATS,
     FINAL_STATUS,
+    RELEASED_AHEAD,
     STATE_FORMATS,
     T0,
     DelayRecord,
@@ -263,3 +266,12 @@ def test_a_record_that_entered_under_an_older_version_ends_under_a_newer_one(old
         seen.add(key)
     expected = _expected_finals(new)
     assert {key: fold.get(key)["status"] for key in expected} == expected  # type: ignore[index]
+
+
+@pytest.mark.parametrize("name", COMMIT_METADATA)
+def test_a_commit_an_earlier_version_made_still_says_what_it_released_ahead(name: str) -> None:
+    """A new owner of a delay topic's partition skips what the old one released ahead of its
+    commit (else it would deliver those records again): every metadata format is still read."""
+    offset, metadata = COMMIT_METADATA[name]
+    assert decode_released(offset, metadata) == RELEASED_AHEAD
+    assert encode_released(offset, set(RELEASED_AHEAD)) == COMMIT_METADATA["0.3.0 bitmap"][1]  # written today

@@ -11,6 +11,7 @@ import re
 import pytest
 from confluent_kafka import Producer
 
+from delayapp import __version__
 from delayapp.core import headers as h
 from delayapp.core.clock import now_ms
 from delayapp.core.durations import parse_duration
@@ -65,6 +66,7 @@ async def test_records_old_versions_wrote_are_delivered_on_time_once_and_an_old_
     collector = None
     try:
         await worker.wait_ready()
+        assert f"delayapp {__version__}, record path: " in worker.log  # the start-up line names the version
         collector = await Collector(bootstrap, [*targets.values(), layout.dead_letter]).start()
         writer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
         delta = now_ms() - WRITTEN_AGO_MS - T0

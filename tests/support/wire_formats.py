@@ -42,6 +42,11 @@ Cancel topic (key: the record id; value: any bytes, a JSON object's ``reason`` a
   * 0.1.0 [2bb15a5], unchanged since: ``encode_cancel``'s JSON (:data:`CANCEL_RECORD`), and the
     values the contract has always accepted from other producers (:data:`CANCEL_VALUES`).
 
+Commit metadata of the delay topics' consumer groups (what a loop released ahead of its commit)
+  * ranges, 0.1.0 [2bb15a5]: ``released:3-5,9,50``, offsets after the committed one;
+  * a bitmap, 0.3.0 [8a7d66e]: ``released~`` and base64 (:data:`COMMIT_METADATA`). What this
+    version writes.
+
 A literal here is never edited: a version that writes a new format adds a block of its own.
 """
 
@@ -740,3 +745,11 @@ FINAL_STATUS: dict[bytes, str] = {
     b"order-F": "delivered",
 }
 """Where each record's life ended in the runs above (F only from 0.3.0)."""
+
+COMMIT_METADATA: dict[str, tuple[int, str]] = {
+    "0.1.0 ranges": (100, "released:3-5,9,50"),
+    "0.3.0 bitmap": (100, "released~OAIAAAAABA=="),
+}
+"""A delay topic's commit at offset 100, its metadata naming what was released ahead of it, as
+each version's ``encode_released(100, RELEASED_AHEAD)`` wrote it."""
+RELEASED_AHEAD = frozenset({103, 104, 105, 109, 150})
