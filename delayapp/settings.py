@@ -35,6 +35,7 @@ DURATION_FIELDS = (
     "record_state_ttl",
     "emit_timeout",
     "commit_interval",
+    "retired_quiet",
 )
 
 
@@ -95,8 +96,19 @@ class Settings(BaseSettings):
     denominations: str = Field(
         DEFAULT_LADDER,
         description="the denomination ladder, ascending (one delay topic each); "
-        "set it explicitly in a running deployment: "
-        "records waiting in the topic of a denomination it drops are stranded (drain first, see How a record moves)",
+        "set it explicitly in a running deployment: a worker refuses to start beside the delay topics of a "
+        "denomination it drops, unless DELAYAPP_DRAIN_RETIRED_TOPICS lets it drain them",
+    )
+    drain_retired_topics: bool = Field(
+        False,
+        description="a worker also reads the delay topics of another ladder (retired by a change of "
+        "DELAYAPP_DENOMINATIONS) and sends each record on by this ladder, re-planned when read, never early; "
+        "false: it refuses to start while they exist (docs/design.md: Changing the ladder)",
+    )
+    retired_quiet: int = Field(
+        600_000,
+        description="retired delay topics are reported empty and deletable once nothing waits there and their "
+        "end offsets have not moved for this long (a worker still on the old ladder writes there) (duration)",
     )
     partitions: int = Field(4, ge=1, description="partitions of each topic delayapp creates")
     create_topics: bool = Field(True, description="create missing topics at start (else refuse to start)")

@@ -211,6 +211,13 @@ def retired_delay_topics(layout: TopicLayout, existing: set[str] | list[str]) ->
     return sorted(t for t in existing if t.startswith(f"{layout.prefix}.delay.") and t not in ours)
 
 
+def delay_group_id(app_id: str, prefix: str, topic: str) -> str:
+    """The consumer group of the loop reading delay topic ``topic`` (and its priority lane), e.g.
+    ``<app_id>.delay.5s``: the same on every ladder that has the denomination, so a loop draining
+    a retired topic shares the group, and the commits, of the earlier ladder's loop."""
+    return f"{app_id}.{topic.removeprefix(prefix + '.')}"
+
+
 def earlier_default_ladder(layout: TopicLayout, retired: list[str]) -> str | None:
     """The earlier default ladder (:data:`delayapp.core.ladder.EARLIER_DEFAULT_LADDERS`) whose
     delay topics of this prefix include every one of ``retired``, if any: a deployment created on

@@ -29,17 +29,23 @@ from delayapp.core.released import MAX_RELEASED_SPAN, decode_released, encode_bi
 
 CLOCK_EVERY = 32  # records handled between two readings of the clock in one release pass
 AWAKE_SLACK_MS = 1_000  # how far beyond its denomination an awakeAt may lie (writers' clocks differ a little)
+REPLAN_AT_ONCE = -1
+"""The ``max_wait_ms`` of a retired delay topic (another ladder's, drained with
+``DELAYAPP_DRAIN_RETIRED_TOPICS``): its records' ``awakeAt`` was planned on that ladder, so none
+is waited for; each record is re-planned when read, from the current clock, on this ladder
+(never early: the plan pays what remains until the due time)."""
 
 
 def credible_awake_at(awake_at: int | None, now: int, max_wait_ms: int) -> int | None:
     """``awake_at`` if a record read at ``now`` from a topic whose records wait at most
-    ``max_wait_ms`` can really carry it, else None (re-plan it now).
+    ``max_wait_ms`` can really carry it, else None (re-plan it now; always for
+    :data:`REPLAN_AT_ONCE`).
 
     A record read now was written at most now, with an ``awakeAt`` at most one denomination
     later; anything beyond is forged or comes from a skewed clock, and believing it would hold
     the record, and the partition behind it, that long.
     """
-    if awake_at is not None and awake_at > now + max_wait_ms + AWAKE_SLACK_MS:
+    if awake_at is not None and (max_wait_ms == REPLAN_AT_ONCE or awake_at > now + max_wait_ms + AWAKE_SLACK_MS):
         return None
     return awake_at
 

@@ -25,7 +25,7 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
     await admin.start()
     try:
         retired = retired_delay_topics(layout, await admin.list_topics())
-        if retired:
+        if retired and not s.drain_retired_topics:
             earlier = earlier_default_ladder(layout, retired)
             keep = (
                 f"This deployment was created on an earlier default ladder: set DELAYAPP_DENOMINATIONS={earlier} "
@@ -35,13 +35,26 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
             )
             raise TopicLayoutError(
                 f"delay topics of another ladder exist: {', '.join(retired)}; records waiting there would never be "
-                f"delivered by this ladder ({layout.ladder}). {keep}, or drain them first and delete them "
-                "(docs/design.md: changing the ladder)"
+                f"delivered by this ladder ({layout.ladder}). {keep}, or move to this ladder with "
+                "DELAYAPP_DRAIN_RETIRED_TOPICS=true: the workers then also read those topics and send each record "
+                "on by this ladder, never early, and say when the topics are empty and may be deleted "
+                "(docs/design.md: Changing the ladder)"
             )
         specs = configured_topic_specs(s, layout)
         return await ensure_topics(
             admin, specs, create=s.create_topics, replication_factor=s.replication_factor, margin_ms=s.retention_margin
         )
+    finally:
+        await admin.close()
+
+
+async def list_retired_topics(settings: Settings, layout: TopicLayout) -> list[str]:
+    """The delay topics of this prefix that ``layout``'s ladder does not have (see
+    :func:`delayapp.core.layout.retired_delay_topics`), as the broker lists them now."""
+    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    await admin.start()
+    try:
+        return retired_delay_topics(layout, await admin.list_topics())
     finally:
         await admin.close()
 

@@ -153,6 +153,11 @@ class RecordHandler(Handler):
             max_record_bytes=max_record_bytes,
         )
 
+    def also_delay_topics(self, topics: Iterable[str]) -> None:
+        """Records read from ``topics`` (retired delay topics, drained) carry engine state
+        delayapp wrote, like those of this ladder's delay topics: a dead letter of one keeps it as is."""
+        self._delay_topics = self._delay_topics | frozenset(topics)
+
     def targets(self, records: Iterable[ConsumedRecord], *, now: int) -> set[str]:
         """The target topics ``records`` name (their ``reactivateToTopic``), read without decoding the rest."""
         names = set()

@@ -18,7 +18,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, Message
 from delayapp.core.clock import GuardedClock, monotonic_ms
 from delayapp.core.headers import AWAKE_AT, REACTIVATE_TO_TOPIC, Headers, plain
 from delayapp.core.hop import HEADER_OVERHEAD_BYTES, LeanHeaders, scan
-from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending, credible_awake_at
+from delayapp.core.partition import REPLAN_AT_ONCE, AssignedPartitions, PartitionKey, Pending, credible_awake_at
 from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME
 from delayapp.engine.handler import RECORD_OVERHEAD_BYTES, Handler
 from delayapp.engine.records import ConsumedRecord
@@ -166,7 +166,7 @@ class Intake:
 
     def _credible(self, message: Message, awake: int, fetched_at: int) -> int | None:
         credible = credible_awake_at(awake, fetched_at, self.max_wait_ms)
-        if credible is None:
+        if credible is None and self.max_wait_ms != REPLAN_AT_ONCE:  # a retired topic's: re-planned by design
             log.warning(
                 "%s: %s/%d/%d has awakeAt %d, beyond its topic's %d ms; re-planned now",
                 self.label,

@@ -23,16 +23,23 @@ from mode import Service
 
 from delayapp import __version__, compiled
 from delayapp.core.clock import GuardedClock, monotonic_ms, now_ms
-from delayapp.core.layout import TopicLayout
+from delayapp.core.layout import TopicLayout, delay_group_id
 from delayapp.core.policies import Policy
+from delayapp.core.retired import retired_sources
 from delayapp.core.throttle import DeliverySlots
-from delayapp.engine.bootstrap import bootstrap_topics, keeps_commit_metadata, probe_transactions
+from delayapp.engine.bootstrap import (
+    bootstrap_topics,
+    keeps_commit_metadata,
+    list_retired_topics,
+    probe_transactions,
+)
 from delayapp.engine.cancel_registry import DAY_MS, CancelRegistry
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.known_topics import KnownTopics
 from delayapp.engine.lag import LagSampler
 from delayapp.engine.loop import HopLoop
 from delayapp.engine.metrics import EngineMetrics
+from delayapp.engine.retired import RetiredDrain, retired_loops
 from delayapp.engine.stats import engine_figures
 from delayapp.settings import Guarantee, Settings
 
@@ -149,12 +156,24 @@ class DelayEngine(Service):
         self.lag: dict[str, int] = {}  # topic -> records not yet processed, cluster-wide
         self._producer: AIOKafkaProducer | None = None
         self._lag_sampler = LagSampler(settings)
+        # DELAYAPP_DRAIN_RETIRED_TOPICS: another ladder's delay topics, read and watched until empty
+        self.retired: RetiredDrain | None = None
 
     async def on_start(self) -> None:
         s = self.settings
         if s.require_allowed_targets() == ("*",):
             log.warning("allowed targets: * (any topic); set DELAYAPP_ALLOWED_TARGETS to restrict where records may go")
-        await bootstrap_topics(s, self.layout)
+        await bootstrap_topics(s, self.layout)  # refuses retired delay topics unless they may be drained
+        retired = await list_retired_topics(s, self.layout) if s.drain_retired_topics else []
+        sources = retired_sources(self.layout, retired)
+        if sources:
+            log.warning(
+                "delay topics of another ladder exist: %s; DELAYAPP_DRAIN_RETIRED_TOPICS is on: this worker also "
+                "reads them and sends each record on by this ladder (%s), re-planned when read, never early",
+                ", ".join(retired),
+                s.ladder,
+            )
+            self.handler.also_delay_topics(retired)
         await probe_transactions(s, required=s.processing_guarantee is Guarantee.EXACTLY_ONCE)
         metadata_kept = not s.release_ahead or await keeps_commit_metadata(s, self.layout.ingress)
         if not metadata_kept:
@@ -198,7 +217,7 @@ class DelayEngine(Service):
                 name=f"delay-{self.settings.ladder.label(d)}",
                 topic=topic,
                 priority_topic=self.layout.priority_topics[d] if s.priority_lane else None,
-                group_id=f"{s.app_id}.{topic.removeprefix(s.topic_prefix + '.')}",
+                group_id=delay_group_id(s.app_id, s.topic_prefix, topic),
                 max_wait_ms=d,
                 **common,
             )
@@ -206,6 +225,13 @@ class DelayEngine(Service):
         ]
         if self._extra_loops is not None:  # the compat sources' loops (delayapp.compat.loops), wired in by the app
             self.loops += self._extra_loops(self.layout, common)
+        if sources:  # the retired topics' loops: the same handler, next hops planned on this ladder
+            self.loops += retired_loops(s, sources, common)
+            self.retired = RetiredDrain(s, sources)
+            try:  # what waits there as the drain begins, in the log
+                await self.retired.sample(now_ms())
+            except Exception as exc:  # the timer samples again
+                log.warning("could not count the records in the retired delay topics yet (%s)", exc)
         tune_collector()
         for hop_loop in self.loops:
             # every loop can deliver: each re-checks that targets exist (shared, cached list)
@@ -215,10 +241,11 @@ class DelayEngine(Service):
             hop_loop.commit_metadata_kept = metadata_kept  # its count of what a loss makes others redo
             await self.add_runtime_dependency(hop_loop)
         log.info(
-            "delay engine started: ladder %s, guarantee %s, topics %s",
+            "delay engine started: ladder %s, guarantee %s, topics %s%s",
             s.ladder,
             s.processing_guarantee.value,
             ", ".join(self.layout.all_topics),
+            f"; draining retired delay topics {', '.join(self.retired.topics)}" if self.retired is not None else "",
         )
 
     async def on_stop(self) -> None:
@@ -229,6 +256,8 @@ class DelayEngine(Service):
             if isinstance(outcome, BaseException):  # the others still stop; mode logs a child's error the same way
                 log.error("%s: error while stopping: %r", hop_loop.label, outcome)
         await self._lag_sampler.close()
+        if self.retired is not None:
+            await self.retired.close()
         for producer in (self._producer, self._clock_producer):
             if producer is not None:
                 await producer.stop()
@@ -282,14 +311,29 @@ class DelayEngine(Service):
         return self._producer
 
     def stats(self) -> dict[str, Any]:
-        """The body of ``GET /delay/stats`` for this worker."""
-        return engine_figures(
+        """The body of ``GET /delay/stats`` for this worker (with ``retired`` while it drains
+        another ladder's delay topics: how many records still wait there, cluster-wide)."""
+        figures = engine_figures(
             self.loops,
             self.lag,
             now_ms=now_ms(),
             window_ms=self.settings.stats_window,
             worker=self.settings.worker_instance_id,
         )
+        if self.retired is not None:
+            figures["retired"] = self.retired.figures()
+        return figures
+
+    @Service.timer(LAG_SAMPLE_S)
+    async def _watch_retired(self) -> None:
+        """Count what still waits in the retired delay topics; say once when they may be deleted."""
+        if self.retired is None or not self.loops:
+            return
+        try:
+            await self.retired.sample(now_ms())
+        except Exception as exc:  # a broker hiccup costs one sample, never the engine
+            log.debug("retired topics sample failed: %s", exc)
+            await self.retired.close()
 
     @Service.timer(RELEASE_FREED_S)
     async def _release_freed_memory(self) -> None:

@@ -195,6 +195,7 @@ def alerts(
                     "text": f"{count} records of {topic} skipped ({reason}); the log names the first one's offset",
                 }
             )
+    out.extend(retired_alerts(stats.get("retired")))
     if dead_letters_recent:
         out.append({"level": "warning", "text": f"{dead_letters_recent} records dead-lettered in the last hour"})
     if not view_caught_up:
@@ -203,6 +204,29 @@ def alerts(
         )
     rank = {"critical": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda a: rank[a["level"]])
+
+
+def retired_alerts(retired: dict[str, Any] | None) -> list[dict[str, str]]:
+    """What the operator draining another ladder's delay topics (``/delay/stats`` ``retired``) is told."""
+    if not retired:
+        return []
+    topics = ", ".join(retired.get("topics", ()))
+    waiting = retired.get("waiting")
+    if retired.get("may_delete"):
+        text = (
+            f"retired delay topics {topics} are empty (nothing new for {format_duration(retired['quiet_ms'])}): "
+            "they may be deleted once no worker on the earlier ladder runs"
+        )
+    elif waiting is None:
+        text = f"draining retired delay topics {topics}: not sampled yet"
+    elif waiting:
+        text = f"{waiting} records still wait in retired delay topics {topics}, sent on by this ladder as they are read"
+    else:
+        text = (
+            f"retired delay topics {topics} are empty; deletable after {format_duration(retired['quiet_ms'])} "
+            "without new records"
+        )
+    return [{"level": "info", "text": text}]
 
 
 def dead_letter_bins(

@@ -260,3 +260,15 @@ async def test_the_console_sums_every_workers_due_counts_and_says_when_a_share_i
     feed = ConsoleFeed(settings=settings, layout=settings.topic_layout())
     assert await feed._due_counts(states, Peers({"http://b", "http://c"})) == ({NOW: 12, None: 1}, True)
     assert await feed._due_counts(states, Peers({"http://b"})) == ({NOW: 7, None: 1}, False)
+
+
+def test_the_console_says_how_many_records_still_wait_in_retired_delay_topics() -> None:
+    retired = {"topics": ["p.delay.7s"], "waiting": 12, "quiet_ms": 600_000, "may_delete": False}
+    (alert,) = c.alerts({"loops": {}, "retired": retired}, far=[], early=0, dead_letters_recent=0, view_caught_up=True)
+    assert "12 records still wait in retired delay topics p.delay.7s" in alert["text"]
+    (alert,) = c.retired_alerts({**retired, "waiting": 0})
+    assert "are empty; deletable after 10m" in alert["text"]
+    (alert,) = c.retired_alerts({**retired, "waiting": 0, "may_delete": True})
+    assert "may be deleted once no worker on the earlier ladder runs" in alert["text"]
+    assert c.retired_alerts(None) == []
+    assert "not sampled yet" in c.retired_alerts({**retired, "waiting": None})[0]["text"]

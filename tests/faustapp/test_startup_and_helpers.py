@@ -148,5 +148,6 @@ async def test_worker_refuses_to_start_beside_delay_topics_of_another_ladder(boo
         await wait_for(lambda: worker.process.poll() is not None, 60, "the worker to refuse the layout")
         assert "delay topics of another ladder exist" in worker.log and f"{prefix}.delay.7s" in worker.log
         assert "DELAYAPP_DENOMINATIONS" in worker.log
+        assert "DELAYAPP_DRAIN_RETIRED_TOPICS=true" in worker.log  # the way forward: drain them
     finally:
         worker.kill()
