@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from types import TracebackType
 
 from delayapp.engine.errors import BrokerError
@@ -91,6 +92,10 @@ class EmbeddedBroker:
             advertised,
             "--storage-engine",
             "memory://tansu/",
+            # Its storage lives in memory and dies with it, so each start is a new cluster: say so
+            # (one fixed id would make a client's store, kept across runs, take it for the old one).
+            "--cluster-id",
+            f"embedded-{uuid.uuid4()}",
         ]
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         if self.log_path:

@@ -131,6 +131,8 @@ class RecordStates(PartitionedStates):
             store=DiskStateStore(
                 state_path(settings), ttl_ms=settings.record_state_ttl, cache_bytes=settings.state_cache_bytes
             ),
+            librdkafka_connection=settings.librdkafka_connection(),
+            cleanup_delay_s=settings.state_cleanup_delay / 1000,
             session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=settings.heartbeat_interval_ms,
             **kwargs,

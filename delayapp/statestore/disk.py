@@ -2,14 +2,18 @@
 
 One store per worker holds, for the ``record-states`` partitions it owns or owned:
 
-* ``s<record id>`` → the state's :func:`~delayapp.core.audit.step_order` and due bucket,
-  then the step's JSON as the engine wrote it (ids and times, never a payload; cut to
-  :func:`~delayapp.core.readmodel.state_of` when read);
-* ``x<at><record id>`` → ``seq``: final states by when they became final (expiry walks the
+* ``s<partition><record id>`` → the state's :func:`~delayapp.core.audit.step_order` and due
+  bucket, then the step's JSON as the engine wrote it (ids and times, never a payload; cut to
+  :func:`~delayapp.core.readmodel.state_of` when read); keyed by partition first, so one
+  partition's states are dropped with one range delete;
+* ``x<at><partition><record id>`` → ``seq``: final states by when they became final (expiry walks the
   oldest first, a bounded amount per call);
 * ``d<partition><due bucket>`` → how many waiting records of the partition fall due in that
   bucket of :data:`DUE_BUCKET_MS` (the console's histogram, without a scan);
 * ``o<partition>`` → the next offset of the partition to read;
+* ``i`` → the log the store folds (:class:`~delayapp.statestore.lineage.LogIdentity`: the cluster's
+  id, the topic's id and partition count), checked at every assignment
+  (:mod:`delayapp.statestore.lineage`);
 * ``v`` → :data:`FORMAT`: a store written in another layout is emptied when opened, and its
   partitions are read again from the topic (the store is only a cache of it).
 
@@ -44,13 +48,14 @@ from delayapp.core.malformed import NO_KEY, NOT_JSON, state_problem
 from delayapp.core.numbers import json_int
 from delayapp.core.readmodel import RECENT_FINALS, state_of
 from delayapp.statestore.errors import StoreUnavailable
+from delayapp.statestore.lineage import LogIdentity
 
 DUE_BUCKET_MS = 10_000  # the histogram's finest edge is 10 s
 BLOOM_BITS_PER_KEY = 10  # ~1 % false positives
 NO_DUE = -(2**62)  # the bucket of a waiting state without a due time (counted as due now)
 
-FORMAT = b"2"  # the layout of the keys and values below; another one is read again from the topic
-_STATE, _EXPIRY, _DUE, _OFFSET, _FORMAT = b"s", b"x", b"d", b"o", b"v"
+FORMAT = b"3"  # the layout of the keys and values below; another one is read again from the topic
+_STATE, _EXPIRY, _DUE, _OFFSET, _IDENTITY, _FORMAT = b"s", b"x", b"d", b"o", b"i", b"v"
 NOT_WAITING = -(2**63)  # the due bucket of a state that is not waiting (not counted)
 _FIXED = struct.Struct(">?qB")  # final, due bucket (or NOT_WAITING), fields in the step order
 _I32, _I64, _U64 = struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">Q")
@@ -78,6 +83,16 @@ def _json_of(held: bytes) -> Any:
 
 def _offset_key(partition: int) -> bytes:
     return _OFFSET + _I32.pack(partition)
+
+
+def _state_key(partition: int, key: bytes) -> bytes:
+    return _STATE + _I32.pack(partition) + key
+
+
+def _next_prefix(prefix: bytes) -> bytes:
+    """The first key after every key that starts with ``prefix`` (a partition's prefixes end in a
+    4-byte partition number below 2**31, so the last byte never overflows)."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
 def _due_prefix(partition: int) -> bytes:
@@ -161,16 +176,16 @@ class DiskStateStore:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    def get(self, key: bytes) -> dict[str, Any] | None:
-        """The state of the record whose id is ``key``, or None."""
-        held = self._get(_STATE + key)
+    def get(self, partition: int, key: bytes) -> dict[str, Any] | None:
+        """The state of the record whose id is ``key`` (of ``partition``), or None."""
+        held = self._get(_state_key(partition, key))
         return None if held is None else state_of(_json_of(held))
 
-    def get_many(self, keys: list[bytes]) -> list[dict[str, Any] | None]:
-        """The states of several record ids, in one call into RocksDB."""
+    def get_many(self, keys: list[tuple[int, bytes]]) -> list[dict[str, Any] | None]:
+        """The states of several (partition, record id), in one call into RocksDB."""
         return [
             None if held is None else state_of(_json_of(held))
-            for held in self._get_many([_STATE + key for key in keys])
+            for held in self._get_many([_state_key(partition, key) for partition, key in keys])
         ]
 
     def offset(self, partition: int) -> int | None:
@@ -212,6 +227,39 @@ class DiskStateStore:
         """Forget ``partition``'s counts in memory (another worker owns it now; its states stay on disk)."""
         self._due.pop(partition, None)
 
+    def stored_partitions(self) -> set[int]:
+        """The partitions the store holds an offset for (folded here once, owned now or not)."""
+        found = set()
+        for key, _ in self._scan(_OFFSET):
+            if not key.startswith(_OFFSET):
+                break
+            found.add(_I32.unpack(key[len(_OFFSET) :])[0])
+        return found
+
+    def drop(self, partition: int) -> None:
+        """Forget everything of ``partition``: its states, due counts and offset (it is read again
+        from the start when next owned). Expiry entries left behind find no state and go at expiry."""
+        part = _I32.pack(partition)
+        batch = WriteBatch(raw_mode=True)
+        for prefix in (_STATE + part, _DUE + part):
+            batch.delete_range(prefix, _next_prefix(prefix))
+        batch.delete(_offset_key(partition))
+        self._db.write(batch)
+        self._due.pop(partition, None)
+
+    # -- the log the store folds -----------------------------------------------------------
+
+    def identity(self) -> LogIdentity | None:
+        """The log (cluster, topic, partition count) the store's states were folded from, if recorded."""
+        raw = self._get(_IDENTITY)
+        return None if raw is None else LogIdentity.decode(raw)
+
+    def adopt(self, identity: LogIdentity) -> None:
+        """Forget everything and record that the store now folds ``identity``'s log."""
+        self._empty()
+        self._due.clear()
+        self._db.put(_IDENTITY, identity.encode())
+
     # -- the fold ------------------------------------------------------------------------------
 
     def apply(
@@ -233,7 +281,7 @@ class DiskStateStore:
         # Every held state of the batch in one multi-get: each call into RocksDB releases the
         # GIL, and a call per record hands it to the loops' threads and waits for it back each
         # time (measured: 10,000 states took 2.9 s instead of 70 ms beside one busy thread).
-        wanted = list({_STATE + key for key, _ in records if key})
+        wanted = list({_state_key(partition, key) for key, _ in records if key})
         pending: dict[bytes, bytes | None] = dict(zip(wanted, self._get_many(wanted)))  # this batch's states
         touched: set[int] = set()
         written: set[bytes] = set()
@@ -243,7 +291,7 @@ class DiskStateStore:
             if not key:
                 self._skip(malformed, index, NO_KEY, "")
                 continue
-            skey = _STATE + key
+            skey = _state_key(partition, key)
             held = pending[skey]
             if value is None:  # a tombstone forgets the id
                 if held is not None:
@@ -278,7 +326,7 @@ class DiskStateStore:
             changed += 1
             if final:
                 at = event.get("at") or 0  # checked: an int64 or absent
-                expiring.append((_EXPIRY + _signed_key(at) + key, _I64.pack(order[3])))
+                expiring.append((_EXPIRY + _signed_key(at) + skey[1:], _I64.pack(order[3])))
                 self.recent_finals.append((at, str(event.get("status")), event.get("target"), event.get("lateness_ms")))
         batch = WriteBatch(raw_mode=True)
         for skey in written:

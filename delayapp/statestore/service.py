@@ -8,6 +8,13 @@ each fetched batch with its next offset in one write batch. It commits nothing t
 offsets that count are the store's, written atomically with the states they cover, so a worker
 killed at any point resumes exactly (it folds a few records again, which changes nothing).
 
+The store belongs to one log (:mod:`delayapp.statestore.lineage`): at every assignment the
+reader asks the broker for its cluster id, the topic's id and partition count and each assigned
+partition's log start and end, and drops what the log no longer backs (the whole store for
+another cluster, topic or count; one partition for an offset outside its log), with a log line
+that says why, before it reads. Partitions it no longer owns leave its disk after the clean-up
+delay.
+
 A partition answers once its reader has reached the end offset it had when it was assigned (or
 nothing arrived for :data:`QUIET_S`: a broker may report a wrong end offset); until then its
 lookups answer "not ready" (503), as a whole worker did while it read the whole topic.
@@ -31,6 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from confluent_kafka import KafkaException, TopicCollection
+from confluent_kafka import TopicPartition as RdTopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from mode import Service
 
 from delayapp.core.audit import RecordStatus
@@ -39,6 +49,7 @@ from delayapp.core.clock import now_ms
 from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.stats import MALFORMED_RECORDS
 from delayapp.statestore.disk import DiskStateStore, due_bucket
+from delayapp.statestore.lineage import LogIdentity, identity_change, offset_problem, partitions_to_clean
 from delayapp.statestore.routing import OwnerAssignor, Owners, partition_of
 
 log = logging.getLogger(__name__)
@@ -49,6 +60,34 @@ CANCELS_LOOKED_AT = 10_000  # latest cancellations left out of the waiting count
 FETCH_RECORDS = 2_000  # records folded per fetch at most (one write batch per partition; ~40 ms of the event loop)
 FOLD_EVERY_S = 0.1  # a caught-up reader folds at most this often (what it fetched meanwhile waits in the consumer)
 MAX_FOLD_LAG_MS = 5_000  # a reader whose newest folded step is older than this folds without pausing
+PROBE_TIMEOUT_S = 10.0  # the broker's answer about the log (ids, offsets) at an assignment
+CLEANUP_EVERY_S = 60.0  # how often partitions owned no longer are looked at for removal
+
+
+@dataclass(frozen=True)
+class LogFacts:
+    """What the broker says about the log at an assignment: its identity, and each asked
+    partition's log start and end (high watermark)."""
+
+    identity: LogIdentity
+    ranges: dict[int, tuple[int, int]]
+
+
+def probe_log(admin: AdminClient, topic: str, partitions: list[int]) -> LogFacts:
+    """Ask the broker (blocking, in a thread) for ``topic``'s :class:`LogFacts`."""
+    cluster = admin.describe_cluster(request_timeout=PROBE_TIMEOUT_S).result()
+    described = admin.describe_topics(TopicCollection([topic]), request_timeout=PROBE_TIMEOUT_S)[topic].result()
+    topic_id = str(described.topic_id) if getattr(described, "topic_id", None) is not None else ""
+    ranges: dict[int, tuple[int, int]] = {}
+    if partitions:
+        answers = {}
+        for name, spec in (("start", OffsetSpec.earliest()), ("end", OffsetSpec.latest())):
+            futures = admin.list_offsets(
+                {RdTopicPartition(topic, p): spec for p in partitions}, request_timeout=PROBE_TIMEOUT_S
+            )
+            answers[name] = {tp.partition: f.result().offset for tp, f in futures.items()}
+        ranges = {p: (answers["start"][p], answers["end"][p]) for p in partitions}
+    return LogFacts(LogIdentity(str(cluster.cluster_id or ""), topic_id, len(described.partitions)), ranges)
 
 
 def fold_pause_s(*, caught_up: bool, newest_ms: int | None, now_ms: int) -> float:
@@ -84,6 +123,8 @@ class PartitionedStates(Service):
         group_id: str,
         advertised_url: str,
         store: DiskStateStore,
+        librdkafka_connection: dict[str, Any] | None = None,
+        cleanup_delay_s: float = 600.0,
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 3_000,
         **kwargs: Any,
@@ -91,6 +132,10 @@ class PartitionedStates(Service):
         super().__init__(**kwargs)
         self.topic = topic
         self.kafka_client_kwargs = kafka_client_kwargs
+        # the admin client that asks about the log at each assignment (None: no checks, tests of the answers alone)
+        self.librdkafka_connection = librdkafka_connection
+        self.cleanup_delay_s = cleanup_delay_s
+        self._away_since: dict[int, float] = {}  # stored partitions not owned → since when (monotonic)
         self.group_id = group_id
         self.advertised_url = advertised_url
         self.store = store
@@ -104,6 +149,7 @@ class PartitionedStates(Service):
         self._quiet_since = time.monotonic()
         self.caught_up = asyncio.Event()  # every owned partition is ready (after the latest assignment)
         self._consumer: AIOKafkaConsumer | None = None
+        self._admin: AdminClient | None = None
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -121,7 +167,7 @@ class PartitionedStates(Service):
 
     def get(self, record_id: str) -> dict[str, Any] | None:
         """The state this worker's store holds for ``record_id`` (meaningful where :meth:`locate` says local)."""
-        return self.store.get(record_id.encode())
+        return self.store.get(partition_of(record_id, self.partitions), record_id.encode())
 
     def due_counts(self, cancels: CancelTable | None = None) -> dict[int, int]:
         """Waiting records of the partitions this worker owns and has caught up on, per due bucket;
@@ -133,7 +179,7 @@ class PartitionedStates(Service):
         mine = [
             c for c in cancels.latest(CANCELS_LOOKED_AT) if partition_of(c.record_id, self.partitions) in self.ready
         ]
-        states = self.store.get_many([c.record_id.encode() for c in mine])
+        states = self.store.get_many([(partition_of(c.record_id, self.partitions), c.record_id.encode()) for c in mine])
         for cancel, state in zip(mine, states):
             if state is None or state.get("status") != RecordStatus.WAITING:
                 continue
@@ -172,6 +218,10 @@ class PartitionedStates(Service):
             partition_assignment_strategy=(OwnerAssignor(self.advertised_url, self._on_owners),),
         )
         await self._consumer.start()
+        if self.librdkafka_connection is not None:
+            self._admin = AdminClient({**self.librdkafka_connection, "log_level": 3})
+        now = time.monotonic()
+        self._away_since = {p: now for p in self.store.stored_partitions()}  # none is owned yet
 
     async def on_stop(self) -> None:
         if self._consumer is not None:
@@ -244,8 +294,10 @@ class PartitionedStates(Service):
             self.caught_up.set()  # nothing owned: every lookup is routed
             return
         self.caught_up.clear()
+        await self._check_log([tp.partition for tp in tps])
         ends = await consumer.end_offsets(tps)  # read_committed: the last stable offsets
         for tp in tps:
+            self._away_since.pop(tp.partition, None)
             self.store.load(tp.partition)
             offset = self.store.offset(tp.partition)
             if offset is None:
@@ -269,9 +321,69 @@ class PartitionedStates(Service):
             if tp.topic != self.topic:
                 continue
             self.owned.discard(tp.partition)
+            self._away_since[tp.partition] = time.monotonic()
             self.ready.discard(tp.partition)
             self._targets.pop(tp.partition, None)
             self.store.unload(tp.partition)
+
+    async def _check_log(self, partitions: list[int]) -> None:
+        """Drop what the log no longer backs before the assigned ``partitions`` are read
+        (:mod:`delayapp.statestore.lineage`), each drop with a log line saying why."""
+        if self._admin is None:
+            return
+        try:
+            facts = await asyncio.to_thread(probe_log, self._admin, self.topic, partitions)
+        except KafkaException as exc:
+            # Not knowing is no reason to stop reading; the next assignment asks again.
+            log.warning(
+                "record-states: could not ask the broker which log %s is (%s); resuming partitions %s from the store "
+                "unchecked",
+                self.topic,
+                exc,
+                sorted(partitions),
+            )
+            return
+        why = identity_change(self.store.identity(), facts.identity, has_states=bool(self.store.stored_partitions()))
+        if why is not None:
+            log.warning(
+                "record-states: every partition of %s dropped from the store at %s and read again from the log: %s",
+                self.topic,
+                self.store.path,
+                why,
+            )
+        if why is not None or self.store.identity() is None:
+            self.store.adopt(facts.identity)
+        self.partitions = facts.identity.partitions
+        for partition in partitions:
+            start, end = facts.ranges[partition]
+            why = offset_problem(self.store.offset(partition), start, end)
+            if why is not None:
+                log.warning(
+                    "record-states: partition %d of %s dropped from the store and read again from offset %d: %s",
+                    partition,
+                    self.topic,
+                    start,
+                    why,
+                )
+                self.store.drop(partition)
+
+    @Service.timer(CLEANUP_EVERY_S)
+    async def _clean_up(self) -> None:
+        """Remove from disk the partitions owned no longer for the clean-up delay."""
+        for partition in partitions_to_clean(
+            self.store.stored_partitions(),
+            self.owned,
+            self._away_since,
+            now=time.monotonic(),
+            delay=self.cleanup_delay_s,
+        ):
+            log.info(
+                "record-states: partition %d removed from this worker's store (owned by another worker for %.0f s)",
+                partition,
+                self.cleanup_delay_s,
+            )
+            self.store.drop(partition)
+            self._away_since.pop(partition, None)
 
     def _warn_malformed(self) -> None:
         if self.store.malformed:

@@ -33,6 +33,7 @@ from delayapp.settings import load_settings
 from tests.support.kafka import (
     Collector,
     Worker,
+    broker_stamps_append_time,
     broker_transactions,
     create_topics,
     one_second_loop,
@@ -44,18 +45,6 @@ from tests.support.kafka import (
 pytestmark = pytest.mark.integration
 
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
-
-
-async def broker_stamps_append_time(bootstrap: str) -> bool:
-    """Whether the broker applies topic configs: a LogAppendTime topic's records carry its clock."""
-    name = unique("probe-lat-")
-    await create_topics(bootstrap, name, partitions=1, configs={"message.timestamp.type": "LogAppendTime"})
-    p = await producer(bootstrap)
-    try:
-        sent = await p.send_and_wait(name, b"probe", timestamp_ms=1_000_000_000_000)
-    finally:
-        await p.stop()
-    return sent.timestamp_type == 1 and sent.timestamp != 1_000_000_000_000
 
 
 async def needs_topic_configs(bootstrap: str) -> None:

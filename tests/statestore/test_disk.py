@@ -14,6 +14,7 @@ from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
 from delayapp.core.readmodel import RecordStateStore
 from delayapp.statestore.disk import DUE_BUCKET_MS, NO_DUE, DiskStateStore, due_bucket
 from delayapp.statestore.errors import StoreUnavailable
+from delayapp.statestore.lineage import LogIdentity
 
 NOW = 1_700_000_000_000
 STATUSES = [RecordStatus.WAITING, RecordStatus.DELIVERED, RecordStatus.DEAD_LETTERED, RecordStatus.CANCELLED]
@@ -41,7 +42,7 @@ def test_offset_travels_with_the_states_and_survives_a_reopen(tmp_path: Path) ->
     again = DiskStateStore(tmp_path / "s", ttl_ms=1_000)
     again.load(0)
     assert again.offset(0) == 7 and again.offset(1) is None
-    assert again.get(b"a")["status"] == RecordStatus.WAITING and again.get(b"zz") is None
+    assert again.get(0, b"a")["status"] == RecordStatus.WAITING and again.get(0, b"zz") is None
     assert again.due_counts([0]) == {due_bucket(NOW + 60_000): 1, NO_DUE: 1}
     again.close()
 
@@ -66,12 +67,12 @@ def test_final_states_expire_after_the_ttl_and_a_newer_step_is_kept(store: DiskS
     store.apply(0, [(b"r", step("r", RecordStatus.WAITING, retries=1))], 3)  # retried: a newer generation
     assert store.expire(now_ms=NOW + 500, limit=10) == 0
     assert store.expire(now_ms=NOW + 5_000, limit=10) == 1
-    assert store.get(b"a") is None and store.get(b"r")["status"] == RecordStatus.WAITING
+    assert store.get(0, b"a") is None and store.get(0, b"r")["status"] == RecordStatus.WAITING
 
 
 def test_malformed_records_are_counted_not_applied(store: DiskStateStore) -> None:
     store.apply(0, [(None, b"{}"), (b"x", b"not json"), (b"y", b"[1]")], 3)
-    assert store.malformed == 3 and store.get(b"x") is None and store.offset(0) == 3
+    assert store.malformed == 3 and store.get(0, b"x") is None and store.offset(0) == 3
 
 
 def test_due_bucket_rounds_down_to_its_bucket() -> None:
@@ -107,7 +108,7 @@ def test_folds_exactly_as_the_reference_fold(batches: list) -> None:
             offset += len(encoded)
             store.apply(0, encoded, offset)
         for rid in "abc":
-            assert store.get(rid.encode()) == reference.get(rid.encode())
+            assert store.get(0, rid.encode()) == reference.get(rid.encode())
         recount: dict[int, int] = {}
         for state in reference.waiting(100):
             bucket = due_bucket(state["reactivate_at"])
@@ -118,7 +119,9 @@ def test_folds_exactly_as_the_reference_fold(batches: list) -> None:
 
 def test_get_many_answers_in_the_order_asked(store: DiskStateStore) -> None:
     store.apply(0, [(b"a", step("a", RecordStatus.WAITING))], 1)
-    assert [s and s["record_id"] for s in store.get_many([b"zz", b"a"])] == [None, "a"] and store.get_many([]) == []
+    assert [s and s["record_id"] for s in store.get_many([(0, b"zz"), (0, b"a")])] == [None, "a"] and store.get_many(
+        []
+    ) == []
 
 
 def test_a_store_in_another_layout_is_emptied_and_read_again_from_the_topic(tmp_path: Path) -> None:
@@ -129,10 +132,40 @@ def test_a_store_in_another_layout_is_emptied_and_read_again_from_the_topic(tmp_
     old[b"sa"] = b"junk"
     old.close()
     store = DiskStateStore(tmp_path / "s", ttl_ms=1_000)
-    assert store.offset(0) is None and store.get(b"a") is None
+    assert store.offset(0) is None and store.get(0, b"a") is None
     store.load(0)
     store.apply(0, [(b"a", step("a", RecordStatus.WAITING))], 1)
     store.close()
     again = DiskStateStore(tmp_path / "s", ttl_ms=1_000)  # its own layout: kept
-    assert again.offset(0) == 1 and again.get(b"a")["status"] == RecordStatus.WAITING
+    assert again.offset(0) == 1 and again.get(0, b"a")["status"] == RecordStatus.WAITING
+    again.close()
+
+
+def test_a_dropped_partition_loses_its_states_counts_and_offset_and_no_other(store: DiskStateStore) -> None:
+    store.load(1)
+    store.apply(0, [(b"a", step("a", RecordStatus.WAITING)), (b"d", step("d", RecordStatus.DELIVERED))], 2)
+    store.apply(1, [(b"b", step("b", RecordStatus.WAITING))], 5)
+    assert store.stored_partitions() == {0, 1}
+    store.drop(0)
+    assert store.stored_partitions() == {1} and store.offset(0) is None and store.offset(1) == 5
+    assert store.get(0, b"a") is None and store.get(0, b"d") is None and store.get(1, b"b") is not None
+    assert store.due_counts([0]) == {} and store.waiting_count([1]) == 1
+    assert store.expire(now_ms=NOW + 5_000, limit=10) == 0  # d's expiry entry finds no state: it just goes
+    store.load(0)
+    store.apply(0, [(b"a", step("a", RecordStatus.WAITING))], 1)  # read again from the start
+    assert store.waiting_count([0]) == 1 and store.offset(0) == 1
+
+
+def test_the_log_a_store_folds_is_recorded_and_adopting_another_forgets_everything(tmp_path: Path) -> None:
+    first = DiskStateStore(tmp_path / "s", ttl_ms=1_000)
+    assert first.identity() is None
+    first.adopt(LogIdentity("cluster-a", "topic-1", 2))
+    first.load(0)
+    first.apply(0, [(b"a", step("a", RecordStatus.WAITING))], 1)
+    first.close()
+    again = DiskStateStore(tmp_path / "s", ttl_ms=1_000)
+    assert again.identity() == LogIdentity("cluster-a", "topic-1", 2) and again.offset(0) == 1
+    again.adopt(LogIdentity("cluster-b", "topic-9", 2))
+    assert again.identity() == LogIdentity("cluster-b", "topic-9", 2)
+    assert again.stored_partitions() == set() and again.get(0, b"a") is None and again.due_counts([0]) == {}
     again.close()

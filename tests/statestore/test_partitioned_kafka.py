@@ -85,3 +85,95 @@ async def test_a_record_is_found_from_either_worker_and_a_restart_resumes_from_i
             await p.stop()
             for w in workers:
                 w.stop()
+
+
+async def test_a_store_kept_across_a_topic_reset_answers_only_what_the_new_log_holds(bootstrap: str) -> None:
+    """Issue 36: the topics deleted and made again behind a kept state directory (a reset
+    environment, the demo run twice): the old run's records are no longer answered as waiting,
+    the new run's are, and the worker says why it dropped its store."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    prefix = unique("reset")
+    worker = Worker(bootstrap, prefix, DELAYAPP_PARTITIONS="2", DELAYAPP_READ_TOKEN=TOKEN)
+    old_ids = [f"old-{n}" for n in range(20)]
+    new_ids = [f"new-{n}" for n in range(5)]
+    p = await producer(bootstrap)
+    async with aiohttp.ClientSession() as session:
+        try:
+            await worker.start().wait_ready()
+            for rid in old_ids:
+                await p.send_and_wait(f"{prefix}.record-states", waiting(rid), key=rid.encode())
+
+            async def answers(ids: list[str], status: int) -> bool:
+                return all([(await get(session, worker, f"/delay/records/{rid}"))[0] == status for rid in ids])
+
+            await wait_for(lambda: answers(old_ids, 200), 60, "the first run's records to be answered")
+            worker.stop()
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+            await admin.start()
+            try:
+                mine = [
+                    t for t in await admin.list_topics() if t.startswith(f"{prefix}.") or t.startswith(f"{prefix}-")
+                ]
+                await admin.delete_topics(mine)
+
+                async def gone() -> bool:
+                    return not any(t in mine for t in await admin.list_topics())
+
+                await wait_for(gone, 60, "the deleted topics to be gone")
+            finally:
+                await admin.close()
+            await worker.start().wait_ready()  # the same state directory: it makes the topics again
+            for rid in new_ids:
+                await p.send_and_wait(f"{prefix}.record-states", waiting(rid), key=rid.encode())
+            await wait_for(lambda: answers(new_ids, 200), 60, "the second run's records to be answered")
+            assert await answers(old_ids, 404), "a record of the deleted topics is still answered"
+            restart_log = worker.log.rsplit("--- start ", 1)[-1]
+            assert "dropped from the store" in restart_log, restart_log[-3000:]
+        finally:
+            await p.stop()
+            worker.stop()
+
+
+async def test_a_partition_whose_log_start_passed_its_stored_offset_is_read_again(bootstrap: str) -> None:
+    """Retention removed records the store never folded: that partition's states are dropped and
+    read again from the log's new start, with a line saying why (real Kafka: the embedded broker
+    panics on DeleteRecords)."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+
+    from tests.support.kafka import broker_stamps_append_time
+
+    if not await broker_stamps_append_time(bootstrap):
+        pytest.skip("the broker ignores topic configs and panics on DeleteRecords: the embedded broker does")
+    prefix = unique("retained")
+    worker = Worker(bootstrap, prefix, DELAYAPP_PARTITIONS="1", DELAYAPP_READ_TOKEN=TOKEN)
+    ids = [f"r-{n}" for n in range(20)]
+    p = await producer(bootstrap)
+    async with aiohttp.ClientSession() as session:
+
+        async def answers(wanted: list[str], status: int) -> bool:
+            return all([(await get(session, worker, f"/delay/records/{rid}"))[0] == status for rid in wanted])
+
+        try:
+            await worker.start().wait_ready()
+            for rid in ids[:10]:  # offsets 0-9, folded
+                await p.send_and_wait(f"{prefix}.record-states", waiting(rid), key=rid.encode())
+            await wait_for(lambda: answers(ids[:10], 200), 60, "the first ten to be answered")
+            worker.stop()
+            for rid in ids[10:]:  # offsets 10-19 while it is down
+                await p.send_and_wait(f"{prefix}.record-states", waiting(rid), key=rid.encode())
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+            await admin.start()
+            try:
+                await admin.delete_records({TopicPartition(f"{prefix}.record-states", 0): RecordsToDelete(15)})
+            finally:
+                await admin.close()
+            await worker.start().wait_ready()
+            await wait_for(lambda: answers(ids[15:], 200), 60, "what the log still holds to be answered")
+            assert await answers(ids[:15], 404), "a state the log no longer backs is still answered"
+            restart_log = worker.log.rsplit("--- start ", 1)[-1]
+            assert "before the partition's log start 15" in restart_log, restart_log[-3000:]
+        finally:
+            await p.stop()
+            worker.stop()

@@ -37,6 +37,7 @@ __all__ = [
     "Worker",
     "broker_transactions",
     "create_topics",
+    "broker_stamps_append_time",
     "one_second_loop",
     "produce",
     "producer",
@@ -65,6 +66,18 @@ async def broker_transactions(bootstrap: str) -> str | None:
     finally:
         await probe.stop()
     return None
+
+
+async def broker_stamps_append_time(bootstrap: str) -> bool:
+    """Whether the broker applies topic configs: a LogAppendTime topic's records carry its clock."""
+    name = unique("probe-lat-")
+    await create_topics(bootstrap, name, partitions=1, configs={"message.timestamp.type": "LogAppendTime"})
+    p = await producer(bootstrap)
+    try:
+        sent = await p.send_and_wait(name, b"probe", timestamp_ms=1_000_000_000_000)
+    finally:
+        await p.stop()
+    return sent.timestamp_type == 1 and sent.timestamp != 1_000_000_000_000
 
 
 async def one_second_loop(bootstrap: str, name: str, **settings: Any) -> tuple[HopLoop, str, str]:
