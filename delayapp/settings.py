@@ -33,6 +33,7 @@ DURATION_FIELDS = (
     "read_ahead",
     "stats_window",
     "record_state_ttl",
+    "state_cleanup_delay",
     "emit_timeout",
     "commit_interval",
     "retired_quiet",
@@ -44,6 +45,14 @@ class Guarantee(str, enum.Enum):
 
     AT_LEAST_ONCE = "at_least_once"
     EXACTLY_ONCE = "exactly_once"
+
+
+class Idempotence(str, enum.Enum):
+    """Whether the at_least_once loops' producers are idempotent (exactly_once always is)."""
+
+    AUTO = "auto"  # where the broker grants it (probed at start)
+    ON = "on"  # required: a worker refuses to start without it
+    OFF = "off"
 
 
 class OnMalformed(str, enum.Enum):
@@ -160,6 +169,11 @@ class Settings(BaseSettings):
     # -- processing ---------------------------------------------------------------------------
     processing_guarantee: Guarantee = Field(
         Guarantee.AT_LEAST_ONCE, description="at_least_once or exactly_once (Kafka transactions)"
+    )
+    idempotence: Idempotence = Field(
+        Idempotence.AUTO,
+        description="at_least_once: the loops' producers are idempotent (a write retried after a lost "
+        "acknowledgement is not written twice): auto where the broker grants it, on (refuse to start without), off",
     )
     instance_id: str = Field("", description="stable id of this worker for transactional ids (default: host-webport)")
     max_batch: int = Field(500, ge=1, description="most records one loop takes per poll")
@@ -300,6 +314,11 @@ class Settings(BaseSettings):
         ge=1024 * 1024,
         description="bytes of the on-disk read model's block cache and of each of its two write buffers "
         "(what it may hold in memory beyond the index and filters of its files, ~4 B per state held)",
+    )
+    state_cleanup_delay: int = Field(
+        600_000,
+        description="a record-states partition this worker no longer owns leaves its on-disk read model after "
+        "this (duration; Kafka Streams' state.cleanup.delay.ms): one that comes back sooner resumes from it",
     )
 
     @field_validator(*DURATION_FIELDS, mode="before")

@@ -8,12 +8,13 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from confluent_kafka import KafkaError, Producer
 
 from delayapp.core.errors import TopicLayoutError
 from delayapp.core.layout import TopicLayout, earlier_default_ladder, retired_delay_topics
 from delayapp.engine.errors import BrokerFeatureMissing
 from delayapp.engine.topics import configured_topic_specs, ensure_topics
-from delayapp.settings import Settings
+from delayapp.settings import Guarantee, Idempotence, Settings
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,63 @@ async def probe_transactions(settings: Settings, *, required: bool) -> bool:
     else:
         log.info("broker capability: transactions available; DELAYAPP_PROCESSING_GUARANTEE=exactly_once would use them")
     return True
+
+
+IDEMPOTENCE_PROBE_S = 15.0  # the probe write's acknowledgement, at most
+
+
+def _idempotent_write_refused(settings: Settings, topic: str) -> str | None:
+    """Write the clock probe's record (this worker's key, an empty value) to ``topic`` with an
+    idempotent producer: None when acknowledged, else why not (blocking; run in a thread)."""
+    errors: list[KafkaError] = []
+    reports: list[KafkaError | None] = []
+    producer = Producer(
+        {
+            **settings.librdkafka_connection(),
+            "enable.idempotence": True,
+            "message.timeout.ms": int(IDEMPOTENCE_PROBE_S * 1000),
+            "error_cb": errors.append,
+            "log_level": 3,
+        }
+    )
+    producer.produce(
+        topic, b"", key=settings.worker_instance_id.encode(), on_delivery=lambda error, _: reports.append(error)
+    )
+    left = producer.flush(IDEMPOTENCE_PROBE_S + 5)
+    fatal = next((e for e in errors if e.fatal()), None)
+    if fatal is not None:
+        return str(fatal)
+    if left or not reports:
+        return f"no acknowledgement within {IDEMPOTENCE_PROBE_S:.0f} s"
+    return None if reports[0] is None else str(reports[0])
+
+
+async def probe_idempotence(settings: Settings, topic: str) -> bool:
+    """Whether the at_least_once loops' producers are idempotent (``DELAYAPP_IDEMPOTENCE``): off,
+    or on where the broker grants it (one probe write to ``topic``, the clock topic); ``on``
+    refuses to start without it. Under exactly_once the transactional producers always are."""
+    if settings.processing_guarantee is Guarantee.EXACTLY_ONCE:
+        return True
+    if settings.idempotence is Idempotence.OFF:
+        log.info("broker capability: idempotent writes not asked for (DELAYAPP_IDEMPOTENCE=off)")
+        return False
+    refused = await asyncio.to_thread(_idempotent_write_refused, settings, topic)
+    if refused is None:
+        log.info(
+            "broker capability: idempotent writes available; a write retried after a lost acknowledgement "
+            "is not written twice"
+        )
+        return True
+    if settings.idempotence is Idempotence.ON:
+        raise BrokerFeatureMissing(
+            f"DELAYAPP_IDEMPOTENCE=on needs idempotent producers, which broker {settings.broker} refused ({refused})"
+        )
+    log.warning(
+        "broker capability: idempotent writes NOT available (%s); a write retried after a lost acknowledgement "
+        "may be written twice (at-least-once; de-duplicate by recordId)",
+        refused,
+    )
+    return False
 
 
 async def keeps_commit_metadata(settings: Settings, topic: str) -> bool:

@@ -98,10 +98,14 @@ class HopLoop(Service):
         clock: GuardedClock | None = None,
         observer: Callable[[HopLoop, Step], None] | None = None,
         hops_observer: Callable[[HopLoop, int], None] | None = None,
+        idempotent: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.name = name
+        # at_least_once: the producer is idempotent (the broker granted it at start), so a write
+        # librdkafka retries after a lost acknowledgement is not written twice
+        self.idempotent = idempotent
         self.topic = topic
         self.priority_topic = priority_topic
         self.max_wait_ms = max_wait_ms  # the topic's denomination: no record here waits longer
@@ -261,6 +265,8 @@ class HopLoop(Service):
             "delivery.report.only.error": True,
             "on_delivery": self._delivery_failed,
         }
+        if self.idempotent and not self.exactly_once:
+            producer_config["enable.idempotence"] = True
         if self.exactly_once:
             producer_config.update(
                 {

@@ -31,6 +31,7 @@ from delayapp.engine.bootstrap import (
     bootstrap_topics,
     keeps_commit_metadata,
     list_retired_topics,
+    probe_idempotence,
     probe_transactions,
 )
 from delayapp.engine.cancel_registry import DAY_MS, CancelRegistry
@@ -175,6 +176,7 @@ class DelayEngine(Service):
             )
             self.handler.also_delay_topics(retired)
         await probe_transactions(s, required=s.processing_guarantee is Guarantee.EXACTLY_ONCE)
+        idempotent = await probe_idempotence(s, self.layout.clock)
         metadata_kept = not s.release_ahead or await keeps_commit_metadata(s, self.layout.ingress)
         if not metadata_kept:
             log.warning(
@@ -205,6 +207,7 @@ class DelayEngine(Service):
             states_topic=states,
             observer=self.metrics.observe,
             hops_observer=self.metrics.observe_hops,
+            idempotent=idempotent,
             clock=self.clock,
             loop=self.loop,
             beacon=self.beacon,
