@@ -93,9 +93,12 @@ def parse_audit(raw: DataFrame) -> DataFrame:
     return lines.select(F.from_json("line", AUDIT_SCHEMA).alias("e")).select("e.*")
 
 
-def audit_events(context: JobContext, since_ms: int | None, until_ms: int | None) -> DataFrame:
-    """Audit events, parsed and de-duplicated, with their denomination."""
-    events = parse_audit(context.read_topic(context.layout.audit))
+def audit_events(
+    context: JobContext, since_ms: int | None, until_ms: int | None, *, parsed: DataFrame | None = None
+) -> DataFrame:
+    """Audit events, parsed (``parsed``: :func:`parse_audit` of the topic, else read here) and
+    de-duplicated, with their denomination; a line that is not an audit event is left out."""
+    events = parsed if parsed is not None else parse_audit(context.read_topic(context.layout.audit))
     events = events.filter(F.col("record_id").isNotNull()).dropDuplicates(["record_id", "seq", "status", "replays"])
     events = events.withColumn("denomination", denomination_column(F.col("source"), context.layout.prefix))
     return _window(events, "at", since_ms, until_ms)
@@ -296,9 +299,14 @@ def report(
     require_topics(context.kafka, [layout.audit, layout.dead_letter])
     os.makedirs(out_dir, exist_ok=True)
     with progress.step(f"reading {layout.audit} and {layout.dead_letter}") as said:
-        events = audit_events(context, since_ms, until_ms).localCheckpoint(eager=True)
+        parsed = parse_audit(context.read_topic(layout.audit)).localCheckpoint(eager=True)
+        # a line of the audit topic that is not an audit event (anyone may write there): left out, counted
+        skipped = parsed.filter(F.col("record_id").isNull()).count()
+        events = audit_events(context, since_ms, until_ms, parsed=parsed).localCheckpoint(eager=True)
         letters = dead_letters(context, since_ms, until_ms).localCheckpoint(eager=True)
         said.append(f"{events.count()} audit events, {letters.count()} dead letters")
+        if skipped:
+            said.append(f"{skipped} lines of {layout.audit} skipped: not an audit event")
     with progress.step("aggregating") as said:
         span = letters.agg((F.max("at") - F.min("at")).alias("span")).first()
         assert span is not None  # an aggregate without groups is one row, even over no rows
@@ -332,6 +340,7 @@ def report(
         summary = [
             ("delivered records", counts.get(RecordStatus.DELIVERED.value, 0)),
             ("dead-lettered (audit)", counts.get(RecordStatus.DEAD_LETTERED.value, 0)),
+            ("audit lines skipped (not an audit event)", skipped),
             (
                 "dead letters in the topic",
                 int(frames["dead_letters_by_reason"]["dead_letters"].sum())

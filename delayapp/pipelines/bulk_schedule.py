@@ -42,6 +42,7 @@ from delayapp.core import headers as h
 from delayapp.core.clock import now_ms
 from delayapp.core.durations import parse_duration
 from delayapp.core.errors import ScheduleError
+from delayapp.core.numbers import NotAnInteger, parse_int
 from delayapp.core.schedule import ScheduleRequest
 from delayapp.errors import ConfigError
 from delayapp.pipelines.common import (
@@ -96,8 +97,8 @@ def _user_headers(headers_json: str | None) -> tuple[dict[str, int], tuple[tuple
     for name, value in parsed.items():
         if name in USER_SETTABLE_DELAY_HEADERS:
             try:
-                times[name] = int(str(value))
-            except ValueError:
+                times[name] = parse_int(str(value))
+            except NotAnInteger:
                 raise PipelineError(f"header {name}: expected epoch ms, got {str(value)[:40]!r}") from None
         elif name in h.DELAY_HEADERS:
             raise PipelineError(f"header {name} is set by the job (use the target, due_at, delay and id columns)")

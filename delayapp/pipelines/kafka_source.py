@@ -31,6 +31,7 @@ cluster in other executor JVMs on other machines (the tests run in ``local-clust
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -48,6 +49,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from delayapp.core.malformed import MalformedRecords
 from delayapp.pipelines.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -63,6 +65,13 @@ SCHEMA = (
 EARLIEST, LATEST = -2, -1
 KAFKA_PREFIX = "kafka."
 DEFAULT_TIMEOUT_S = 60.0
+
+# What a Spark task could not read of a record (a timestamp past year 9999, a header name that is
+# not UTF-8): the row is kept without it, counted per executor process, and the first of each kind
+# logged there with its topic/partition/offset. A reader never fails a job on a record's content.
+MALFORMED = MalformedRecords(report=logging.getLogger(__name__).warning)
+TIMESTAMP_OUT_OF_RANGE = "timestamp out of range"
+HEADER_NAME_NOT_UTF8 = "header name not UTF-8"
 
 # Offsets as Spark stores them: {"topic": {"partition": offset}}, topics and partitions in a
 # fixed (sorted) order, because Spark compares and journals the JSON text.
@@ -370,8 +379,18 @@ def _position(message: Message) -> tuple[str, int, int]:
 
 def _row(message: Any) -> tuple:
     kind, ts = message.timestamp()
-    when = datetime.fromtimestamp(ts / 1000, tz=timezone.utc) if kind and ts >= 0 else None
-    headers = [(name, None if raw is None else bytes(raw)) for name, raw in (message.headers() or ())]
+    when = None
+    if kind and ts >= 0:
+        try:
+            when = datetime.fromtimestamp(ts / 1000, tz=timezone.utc)
+        except (OverflowError, ValueError, OSError):  # a producer's timestamp past year 9999
+            _unreadable(message, TIMESTAMP_OUT_OF_RANGE)
+    try:
+        raw_headers = message.headers() or ()
+    except UnicodeDecodeError:  # the client decodes header names as UTF-8
+        raw_headers = ()
+        _unreadable(message, HEADER_NAME_NOT_UTF8)
+    headers = [(str(name), None if raw is None else bytes(raw)) for name, raw in raw_headers]
     return (
         message.key(),
         message.value(),
@@ -382,6 +401,10 @@ def _row(message: Any) -> tuple:
         kind - 1 if kind else -1,
         headers,
     )
+
+
+def _unreadable(message: Any, reason: str) -> None:
+    MALFORMED.skip(str(message.topic()), reason, partition=message.partition(), offset=message.offset())
 
 
 class KafkaDataSource(DataSource):
