@@ -36,6 +36,7 @@ DURATION_FIELDS = (
     "state_cleanup_delay",
     "emit_timeout",
     "commit_interval",
+    "ready_threshold",
     "retired_quiet",
 )
 
@@ -294,6 +295,12 @@ class Settings(BaseSettings):
         description="skip: a record a reader cannot use (record-states, cancel, dead-letter topics) is skipped, "
         "counted per topic and reason (/delay/stats, delayapp_malformed_records) and the first of each kind "
         "logged with its offset; stop: the reader raises and the worker stops at it",
+    )
+    ready_threshold: int = Field(
+        10_000,
+        description="GET /ready answers 503 while a loop holds due records it has not moved for this long "
+        "(duration; an idle loop is ready), as it does while a loop opens its clients or the cancel registry "
+        "catches up; GET /health is the liveness probe",
     )
     stats_window: int = Field(
         60_000, description="window of the throughput and lateness figures in /delay/stats (duration)"

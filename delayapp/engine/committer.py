@@ -11,7 +11,15 @@ One interface, two implementations, as Kafka Streams' ``TaskManager`` commits th
 - :class:`ExactlyOnceCommitter`: one transaction spans the batches of up to ``commit_interval``
   and holds their records, their steps and their consumed offsets (with the group's metadata,
   KIP-447: a member the group has replaced can never commit); it is committed as soon as the
-  loop is idle, or aborted and its partitions rewound.
+  loop is idle, or aborted and its partitions rewound. The calls that end a transaction run on a
+  thread of the committer's own (:class:`TransactionEnder`), never on the loop's: while the
+  coordinator is away they may wait far longer than their timeout (librdkafka's
+  ``send_offsets_to_transaction`` waits for ever on a coordinator that went away: librdkafka
+  issue 5456; seen on Apache Kafka with the only broker restarted), and the loop keeps serving
+  its consumer meanwhile, deciding nothing. An end that has not completed within
+  :data:`TRANSACTION_STALL_S` is given up: :class:`TransactionStuck` tells the loop to reopen its
+  clients, and the new producer, with the same transactional id, fences the old one and aborts
+  its transaction.
 
 A committer lives as long as the loop's clients: the loop builds one each time it opens them.
 """
@@ -19,11 +27,14 @@ A committer lives as long as the loop's clients: the loop builds one each time i
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -45,6 +56,12 @@ ACK_POLL_MS = 1  # while writes are in flight: how often their acknowledgements 
 MAX_IN_FLIGHT_BATCHES = 16
 DRAIN_AFTER_MS = 200  # at_least_once: the oldest batch in flight this old, the loop waits for all to be acknowledged
 FAILED_WRITE_PAUSE_S = 0.2  # at_least_once: after a failed write, before fetching again
+TXN_WAIT_S = 0.2  # exactly_once: longest the loop's thread waits at once for a transaction's end
+# exactly_once: a commit or abort not completed by then is given up and the loop reopens (a
+# commit takes milliseconds; one that waits this long waits on a coordinator that is away, and
+# the producer's call may never return)
+TRANSACTION_STALL_S = 10.0
+TXN_WAIT_LOG_S = 2.0  # exactly_once: a transaction's end waiting this long is logged (once)
 
 # Group errors that mean another member owns the partitions now (KIP-447 fencing).
 _FENCING_CODES = {
@@ -70,6 +87,14 @@ class Fenced(Exception):
     retriable = True
 
 
+class TransactionStuck(Exception):
+    """exactly_once: a transaction's commit or abort did not complete within
+    :data:`TRANSACTION_STALL_S`; the producer is given up (its call may never return) and the
+    loop reopens its clients: the new producer fences this one and aborts its transaction."""
+
+    retriable = True
+
+
 @dataclass(eq=False)
 class Batch:
     """The commit points and partitions of one decide pass whose writes are in flight."""
@@ -79,8 +104,64 @@ class Batch:
     started_s: float
 
 
+class TransactionEnder:
+    """A daemon thread that runs a producer's transaction-ending calls, one at a time, so that
+    the loop's thread only ever waits for them with a timeout of its own. Daemon: a call that
+    never returns must not keep the worker's process from exiting."""
+
+    def __init__(self, label: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=f"delayapp-{label}-txn", daemon=True)
+        self._thread.start()
+
+    def submit(self, call: Callable[[], Any]) -> Future[Any]:
+        """Run ``call`` on the thread, after those submitted before; its outcome as a future."""
+        future: Future[Any] = Future()
+        self._calls.put((call, future))
+        return future
+
+    def close(self) -> None:
+        """Let the thread end once the calls submitted so far are done (it is not waited for)."""
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(call())
+            except BaseException as exc:  # handed to the loop's thread, which decides
+                future.set_exception(exc)
+
+
+@dataclass(eq=False)
+class _Ending:
+    """A transaction's commit or abort, under way on the :class:`TransactionEnder`."""
+
+    commit: bool  # else an abort
+    future: Future[Any]
+    offsets: Offsets = field(default_factory=dict)  # a commit's offsets
+    partitions: set[PartitionKey] = field(default_factory=set)  # an abort's: rewound once it is done
+    since: float = field(default_factory=time.monotonic)
+    logged: bool = False
+
+
 class Committer:
     """What the loop asks of a committer (see the module); the state of the batches in flight."""
+
+    #: set when the producer must not be touched again (a call of it may never return): the loop
+    #: reopens its clients without flushing it
+    producer_unusable = False
+    #: an error the loop raises at its next pass (found where raising is not possible: a
+    #: rebalance callback), so that it reopens its clients
+    failure: Exception | None = None
+
+    @property
+    def busy(self) -> bool:
+        """True while the last decided work is being committed or aborted: the loop serves its
+        consumer and decides nothing new until it is done."""
+        return False
 
     def __init__(
         self,
@@ -301,12 +382,19 @@ class ExactlyOnceCommitter(Committer):
         super().__init__(**kwargs)
         self.txn_open_since: float | None = None  # monotonic s the open transaction began
         self.txn_member: str | None = None  # the member id that opened it
+        self._ender = TransactionEnder(self.label)
+        self._ending: _Ending | None = None  # the transaction's commit or abort under way
+
+    @property
+    def busy(self) -> bool:
+        return self._ending is not None
 
     def poll_limit_ms(self, idle_ms: int) -> int:
-        # the open transaction's commit is served between polls
-        return 0 if self.txn_open_since is not None else super().poll_limit_ms(idle_ms)
+        # the open transaction's commit, or its end under way, is served between polls
+        return 0 if self.txn_open_since is not None or self.busy else super().poll_limit_ms(idle_ms)
 
     def begin(self, offsets: Offsets, partitions: set[PartitionKey], records: int) -> None:
+        assert not self.busy, "nothing is decided while a transaction ends"
         if self.txn_open_since is None:
             # the member that opens the transaction is the only one that may commit it (KIP-447)
             self.txn_member = self.consumer.memberid()
@@ -315,8 +403,12 @@ class ExactlyOnceCommitter(Committer):
         super().begin(offsets, partitions, records)
 
     def after_pass(self, *, idle: bool) -> None:
-        """Commit the open transaction when the loop is idle, or when it has been open
-        ``commit_interval``, or holds as many records as the loop lets be in flight."""
+        """Settle the transaction's end under way; else commit the open transaction when the
+        loop is idle, or when it has been open ``commit_interval``, or holds as many records as
+        the loop lets be in flight."""
+        if self._ending is not None:
+            self._settle(TXN_WAIT_S)
+            return
         if self.txn_open_since is None:
             return
         self.producer.poll(0)
@@ -324,74 +416,134 @@ class ExactlyOnceCommitter(Committer):
             ready = self.parts.ready(self.clock())
         open_s = time.monotonic() - self.txn_open_since
         if (idle and not ready) or open_s * 1000 >= self.settings.commit_interval or self.full:
-            self._commit_transaction()
+            self._start_commit()
+            self._settle(TXN_WAIT_S)
 
     def finish(self) -> None:
-        if self.txn_open_since is not None:
-            self._commit_transaction()
+        # 1. the end under way, if any, completes or is given up (TransactionStuck);
+        # 2. the open transaction, if any, is committed (or aborted and rewound) the same way
+        if self._ending is None and self.txn_open_since is not None:
+            self._start_commit()
+        while self._ending is not None:
+            self._settle(TXN_WAIT_S)
 
     def abandon(self) -> None:
-        was_open = self.txn_open_since is not None
+        ending = self._ending
+        was_open = self.txn_open_since is not None or ending is not None
         super().abandon()
-        if was_open:
-            try:
-                self.producer.abort_transaction(self.settings.emit_timeout / 1000)
-            except KafkaException as exc:
-                log.warning("%s: abort failed (%s)", self.label, exc)
+        if self.producer_unusable or not was_open:
+            return
+        if ending is not None and not ending.future.done():
+            self._give_up("the transaction's end did not complete before the partitions went")
+            return
+        future = self._ender.submit(lambda: self.producer.abort_transaction(self.settings.emit_timeout / 1000))
+        try:
+            future.result(timeout=TRANSACTION_STALL_S)
+        except FutureTimeout:
+            self._give_up(f"aborting the transaction took over {TRANSACTION_STALL_S:.0f} s")
+        except KafkaException as exc:
+            log.warning("%s: abort failed (%s)", self.label, exc)
+            error = _kafka_error(exc)
+            if error is not None and error.fatal():
+                self.failure = exc
+
+    def discard(self) -> None:
+        if self._ending is not None and not self._ending.future.done():
+            self.producer_unusable = True  # its call is under way: the new producer fences it
+        super().discard()
+        self._ender.close()
 
     def drop(self) -> set[PartitionKey]:
         # after a failure nothing in flight is committed; an open transaction is aborted by the
         # broker when the next producer with this transactional id starts
         self.txn_open_since = None
+        self._ending = None
         return super().drop()
 
-    def _commit_transaction(self) -> None:
-        """Flush the transaction's writes, then commit it with the offsets of every partition
-        it touched, as the member that opened it (KIP-447), or abort it and rewind."""
-        producer, consumer = self.producer, self.consumer
-        timeout_s = self.settings.emit_timeout / 1000
-        # 1. every write acknowledged (audit events are written with their records)
-        if producer.flush(timeout_s) > 0:
-            raise EmitTimeout(f"writing a transaction's records took over {self.settings.emit_timeout} ms")
+    def _start_commit(self) -> None:
+        """Hand the open transaction's commit to the ender: its writes flushed, then its offsets
+        with the group's generation (the coordinator refuses them if the group has moved on, and
+        the whole transaction aborts), then the commit."""
         partitions = set().union(*(b.partitions for b in self.in_flight))
         with self.state_lock:
             offsets = self.parts.current_points(partitions)
-        try:
-            if self.writer.write_error is not None:
-                raise KafkaException(self.writer.write_error)
-            # 2. the member that decided these batches must still be the group's member
-            member = consumer.memberid()
-            if not member or member != self.txn_member:
-                raise Fenced(f"member {self.txn_member!r} is not the group's member any more ({member!r})")
-            # 3. offsets with the group's generation: the coordinator refuses them if the
-            #    group has moved on, and the whole transaction aborts
-            if offsets:
-                producer.send_offsets_to_transaction(
-                    [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()],
-                    consumer.consumer_group_metadata(),
-                    timeout_s,
-                )
-            producer.commit_transaction(timeout_s)
-        except (KafkaException, Fenced) as exc:
-            self._abort(exc)
-            return
-        finally:
-            self.clear_in_flight()
-            self.txn_open_since = None
-        self._committed_to(offsets)
-        if self.confirmed is not None:
-            self.confirmed(offsets)
+        self.txn_open_since = None
+        # the member that decided these batches must still be the group's member (read here:
+        # the consumer belongs to the loop's thread)
+        member = self.consumer.memberid()
+        fenced = None if member and member == self.txn_member else (self.txn_member, member)
+        group = self.consumer.consumer_group_metadata() if offsets and fenced is None else None
+        producer, writer, timeout_s = self.producer, self.writer, self.settings.emit_timeout / 1000
+        points = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
 
-    def _abort(self, exc: Exception) -> None:
-        error = (
-            exc.args[0]
-            if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError)
-            else None
-        )
+        def commit() -> None:
+            # 1. every write acknowledged (audit events are written with their records)
+            if producer.flush(timeout_s) > 0:
+                raise EmitTimeout(f"writing a transaction's records took over {timeout_s * 1000:.0f} ms")
+            if writer.write_error is not None:
+                raise KafkaException(writer.write_error)
+            # 2. the member that opened it is still the group's member
+            if fenced is not None:
+                raise Fenced(f"member {fenced[0]!r} is not the group's member any more ({fenced[1]!r})")
+            # 3. the offsets, then the commit
+            if points:
+                producer.send_offsets_to_transaction(points, group, timeout_s)
+            producer.commit_transaction(timeout_s)
+
+        self._ending = _Ending(commit=True, future=self._ender.submit(commit), offsets=offsets)
+
+    def _settle(self, wait_s: float) -> None:
+        """Wait up to ``wait_s`` for the end under way; act on its outcome once it has one."""
+        ending = self._ending
+        assert ending is not None
+        try:
+            ending.future.result(timeout=wait_s)
+        except FutureTimeout:
+            waited = time.monotonic() - ending.since
+            if waited >= TRANSACTION_STALL_S:
+                self._give_up(
+                    f"{'committing' if ending.commit else 'aborting'} the transaction did not complete within "
+                    f"{TRANSACTION_STALL_S:.0f} s (is the transaction coordinator away?)"
+                )
+            elif waited >= TXN_WAIT_LOG_S and not ending.logged:
+                ending.logged = True
+                log.warning(
+                    "%s: %s the transaction has waited %.0f s for the broker; the loop decides nothing meanwhile",
+                    self.label,
+                    "committing" if ending.commit else "aborting",
+                    waited,
+                )
+            return
+        except Exception as exc:
+            self._ending = None
+            if ending.commit:
+                self._commit_failed(exc)
+            else:
+                self._abort_failed(exc, ending)
+            return
+        self._ending = None
+        if ending.logged:
+            log.info("%s: the transaction's end completed after %.1f s", self.label, time.monotonic() - ending.since)
+        if ending.commit:
+            self.clear_in_flight()
+            self._committed_to(ending.offsets)
+            if self.confirmed is not None:
+                self.confirmed(ending.offsets)
+        else:
+            self.rewind(ending.partitions)
+
+    def _commit_failed(self, exc: BaseException) -> None:
+        """A commit that failed: a fatal error or one that timed out reopens the loop; anything
+        else aborts the transaction (on the ender) and rewinds its partitions once aborted."""
+        error = _kafka_error(exc)
         if error is not None and error.fatal():
+            raise exc
+        if isinstance(exc, EmitTimeout):
             raise exc
         if error is not None and error.code() == KafkaError._TIMED_OUT:
             raise EmitTimeout(f"committing a transaction took over {self.settings.emit_timeout} ms") from exc
+        if not isinstance(exc, (KafkaException, Fenced)):
+            raise exc
         fenced = isinstance(exc, Fenced) or (error is not None and error.code() in _FENCING_CODES)
         if fenced:
             self.stats.fenced += 1
@@ -403,5 +555,31 @@ class ExactlyOnceCommitter(Committer):
             exc,
             " (a rebalance follows)" if fenced else "",
         )
-        self.producer.abort_transaction(self.settings.emit_timeout / 1000)
-        self.rewind(partitions)
+        timeout_s = self.settings.emit_timeout / 1000
+        future = self._ender.submit(lambda: self.producer.abort_transaction(timeout_s))
+        self._ending = _Ending(commit=False, future=future, partitions=partitions)
+
+    def _abort_failed(self, exc: BaseException, ending: _Ending) -> None:
+        """An abort that failed: the producer cannot go on; the loop reopens (its partitions are
+        fetched again from their commits by whoever serves them next)."""
+        log.warning("%s: aborting the transaction failed (%s); reopening the loop's clients", self.label, exc)
+        raise exc
+
+    def _give_up(self, why: str) -> None:
+        """The producer's call may never return: never touch it again; the loop reopens."""
+        self._ending = None
+        self.producer_unusable = True
+        self.drop()
+        self.failure = TransactionStuck(
+            f"{why}; reopening: a new producer fences this one and aborts its transaction, and the partitions are "
+            "fetched again from their commits"
+        )
+        log.warning("%s: %s", self.label, self.failure)
+        raise self.failure
+
+
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    """The librdkafka error a KafkaException carries, if any."""
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None

@@ -62,6 +62,7 @@ from delayapp.engine.committer import (
     ExactlyOnceCommitter,
 )
 from delayapp.engine.handler import Handler
+from delayapp.engine.health import LoopHealth
 from delayapp.engine.intake import FetchedRecord, Intake
 from delayapp.engine.liveness import LivenessCheck, LoopStalled
 from delayapp.engine.stats import LoopStats
@@ -77,6 +78,7 @@ librdkafka_log = logging.getLogger("delayapp.librdkafka")
 IDLE_POLL_MS = 100  # longest a poll blocks when nothing waits and nothing is in flight
 FETCH_QUEUE_BACKOFF_MS = 5  # how soon librdkafka fetches again for a partition whose read-ahead was full
 REBALANCE_TIMEOUT_MS = 15_000  # at least the session timeout
+INIT_TRANSACTIONS_SLICE_S = 1.0  # exactly_once: one call of init_transactions waits at most this long
 
 
 class HopLoop(Service):
@@ -157,9 +159,13 @@ class HopLoop(Service):
         # it at start): records released ahead of a head are then written again by a next owner
         self.commit_metadata_kept = True
         self._broken: BaseException | None = None  # an error inside a librdkafka callback: the loop reopens
+        self._session: object | None = None  # the clients opened last (see _open)
         self._joined = False  # True from an assignment to the next revocation: the group is not rebalancing
         self._joined_at = 0.0  # monotonic s of the last assignment
         self._stopping = threading.Event()
+        # monotonic s of the loop thread's latest pass (or attempt to open its clients): a loop
+        # whose thread stops passing is wedged (the liveness probe), one that passes is alive
+        self.pass_at_s = time.monotonic()
         self._thread: threading.Thread | None = None
         self._aio: asyncio.AbstractEventLoop | None = None
 
@@ -177,6 +183,21 @@ class HopLoop(Service):
         """For each partition holding fetched records: the ``awakeAt`` it waits for (None: due now)."""
         with self._state_lock:
             return self.parts.heads()
+
+    def health(self) -> LoopHealth:
+        """What this loop shows of itself for the liveness and readiness views (read from any thread)."""
+        thread, now, now_s = self._thread, self.clock(), time.monotonic()
+        with self._state_lock:
+            unmoved = max(
+                (now_s - part.progress_s for part in self.parts.parts.values() if part.ready(now)), default=0.0
+            )
+        return LoopHealth(
+            name=self.name,
+            thread_alive=thread is not None and thread.is_alive(),
+            since_pass_s=now_s - self.pass_at_s,
+            running=self.running.is_set(),
+            unmoved_due_s=max(0.0, unmoved),
+        )
 
     def assignment(self) -> set[PartitionKey]:
         """The partitions this loop serves now, as (topic, partition)."""
@@ -209,6 +230,7 @@ class HopLoop(Service):
         backoff = 0.5
         try:
             while not self._stopping.is_set():
+                self.pass_at_s = time.monotonic()
                 try:
                     self._open()
                     self._set_running(True)
@@ -238,11 +260,14 @@ class HopLoop(Service):
 
     def _open(self) -> None:
         s = self.settings
+        # the clients opened now: a report from clients given up earlier (a producer whose call
+        # returned after the loop reopened) must not reach these clients' writer or fail them
+        session = self._session = object()
         common = {
             **s.librdkafka_connection(),
             "client.id": f"{s.app_id}-{self.name}",
             "logger": librdkafka_log,
-            "error_cb": self._client_error,
+            "error_cb": partial(self._client_error, session),
         }
         overrides = s.librdkafka_overrides()  # the operator's word last
         if s.librdkafka_debug:  # asked for: shown at the worker's usual log level
@@ -263,7 +288,7 @@ class HopLoop(Service):
             # no report per record: a batch is acknowledged as a whole (see engine.committer), a
             # failure is reported
             "delivery.report.only.error": True,
-            "on_delivery": self._delivery_failed,
+            "on_delivery": partial(self._delivery_failed, session),
         }
         if self.idempotent and not self.exactly_once:
             producer_config["enable.idempotence"] = True
@@ -276,7 +301,7 @@ class HopLoop(Service):
             )
         self._producer = Producer({**producer_config, **overrides})
         if self.exactly_once:
-            self._producer.init_transactions(s.emit_timeout / 1000)
+            self._init_transactions(self._producer)
         self._consumer = Consumer(
             {
                 **common,
@@ -309,6 +334,21 @@ class HopLoop(Service):
         self._consumer.subscribe(
             self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
+
+    def _init_transactions(self, producer: Producer) -> None:
+        """Fence this transactional id's earlier producer (and abort its open transaction), in
+        short calls: while the coordinator is away the loop keeps noticing a stop, and a call that
+        times out resumes where it was (librdkafka). Gives up after ``emit_timeout``."""
+        deadline = time.monotonic() + self.settings.emit_timeout / 1000
+        while True:
+            try:
+                producer.init_transactions(INIT_TRANSACTIONS_SLICE_S)
+                return
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if error is None or not error.retriable() or time.monotonic() >= deadline or self._stopping.is_set():
+                    raise
+                self.pass_at_s = time.monotonic()  # waiting for the coordinator is not a wedged loop
 
     def _wire(self, producer: Producer, consumer: Consumer) -> None:
         """Build the intake, the writer and the committer of freshly opened clients."""
@@ -363,6 +403,8 @@ class HopLoop(Service):
         consumer, producer, committer = self._consumer, self._producer, self._committer
         if not clean and committer is not None:
             committer.discard()  # after a failure nothing in flight is committed
+        # a producer whose call may never return is left alone (its successor fences it)
+        producer_usable = committer is None or not committer.producer_unusable
         try:
             if consumer is not None:
                 self._finish_joining(consumer)
@@ -374,9 +416,10 @@ class HopLoop(Service):
             committer.discard()
         self._consumer = self._producer = None
         self._intake = self._writer = self._committer = None
+        self._session = None
         with self._state_lock:
             self.parts.forget(list(self.parts.parts))
-        if producer is not None:
+        if producer is not None and producer_usable:
             producer.flush(1 if clean else 0)
         del consumer, producer, committer  # librdkafka handles are destroyed with their last reference
 
@@ -397,7 +440,10 @@ class HopLoop(Service):
                 return
             consumer.consume(self.settings.max_batch, 0.1)
 
-    def _client_error(self, error: KafkaError) -> None:
+    def _client_error(self, session: object, error: KafkaError) -> None:
+        if session is not self._session:
+            log.info("%s: a client given up earlier reports: %s", self.label, error)
+            return
         if error.fatal():
             self._broken = KafkaException(error)
         log.log(logging.ERROR if error.fatal() else logging.WARNING, "%s: client: %s", self.label, error)
@@ -494,16 +540,25 @@ class HopLoop(Service):
         assert consumer is not None and intake is not None and writer is not None and committer is not None
         steps = Steps(handler=self.handler, writer=writer, ingress=self.ingress, max_wait_ms=self.max_wait_ms)
         while not self._stopping.is_set():
+            self.pass_at_s = time.monotonic()
             if self._broken is not None:
                 broken, self._broken = self._broken, None
                 raise broken
-            self._liveness.check(consumer)
+            if committer.failure is not None:  # found in a rebalance callback: reopen
+                raise committer.failure
+            if not committer.busy:  # while a transaction ends, its partitions wait for it
+                self._liveness.check(consumer)
             self._apply_pauses()
             if committer.make_room():
                 continue
             messages = consumer.consume(self.settings.max_batch, self._poll_timeout_ms() / 1000)
             if messages:
                 intake.take(messages)
+            if committer.busy:
+                # a transaction is ending (commit or abort): the consumer is served, nothing is
+                # decided until it has (or until it is given up and the loop reopens)
+                committer.after_pass(idle=True)
+                continue
             with DECIDING, self._state_lock:
                 batch, offsets, new_waits = self.parts.decide(self.clock, steps, now_s=time.monotonic())
             self.stats.waits += new_waits
@@ -581,9 +636,9 @@ class HopLoop(Service):
         if self.on_target_failed is not None and self._aio is not None:
             self._aio.call_soon_threadsafe(self.on_target_failed, topic)
 
-    def _delivery_failed(self, error: KafkaError | None, message: Message | None) -> None:
+    def _delivery_failed(self, session: object, error: KafkaError | None, message: Message | None) -> None:
         """The producer's report of a failed write, for the writer of the clients that wrote it."""
-        if self._writer is not None:
+        if self._writer is not None and session is self._session:
             self._writer.delivery_failed(error, message)
 
     def _committed(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:

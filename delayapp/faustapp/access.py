@@ -29,7 +29,7 @@ COOKIE = "delayapp_session"
 LOGIN_PATH = "/login"
 LOGOUT_PATH = "/logout"
 #: Paths any request reaches: the liveness probe, and the login form a browser needs to get in.
-OPEN_PATHS = frozenset({"/health", LOGIN_PATH, LOGOUT_PATH})
+OPEN_PATHS = frozenset({"/health", "/ready", LOGIN_PATH, LOGOUT_PATH})  # probes carry no token
 # Session cookies last as long as a working day; the token itself never expires.
 COOKIE_MAX_AGE_S = 12 * 3600
 

@@ -23,6 +23,7 @@ from delayapp.core.audit import RecordStatus
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.durations import parse_duration
 from delayapp.core.replay import ReplayFilter
+from delayapp.engine.health import waiting_for, wedged
 from delayapp.errors import ConfigError
 from delayapp.faustapp import http_bodies as api
 from delayapp.faustapp.access import LOGIN_PATH, LOGOUT_PATH, login_page, safe_next, see_other
@@ -99,14 +100,38 @@ def record_view(record_id: str, state: dict | None, cancel: CancelRequest | None
 
 @app.page("/health")
 class Health(View):
-    """200 when every loop of this worker is consuming, else 503 with what is not."""
+    """Liveness: 200 while every loop's thread passes (the process recovers by itself, also
+    from a broker restart), else 503 naming the wedged loops (:mod:`delayapp.engine.health`)."""
 
     async def get(self, request: Request) -> Response:
         engine = app.engine
-        loops = {lp.name: lp.running.is_set() for lp in engine.loops} if engine else {}
-        healthy = engine is not None and bool(loops) and all(loops.values()) and engine.cancellations.caught_up.is_set()
+        loops = [lp.health() for lp in engine.loops] if engine else []
+        problems = wedged(loops)
         return self.json(
-            {"healthy": healthy, "loops": loops, "worker": settings.worker_instance_id}, status=200 if healthy else 503
+            {
+                "alive": not problems,
+                "loops": {lp.name: problems.get(lp.name, "running" if lp.running else "opening") for lp in loops},
+                "worker": settings.worker_instance_id,
+            },
+            status=503 if problems else 200,
+        )
+
+
+@app.page("/ready")
+class Ready(View):
+    """Readiness: 200 while this worker moves records, else 503 with what it waits for."""
+
+    async def get(self, request: Request) -> Response:
+        engine = app.engine
+        loops = [lp.health() for lp in engine.loops] if engine and engine.loops else None
+        reasons = waiting_for(
+            loops,
+            threshold_s=settings.ready_threshold / 1000,
+            cancels_caught_up=engine is not None and engine.cancellations.caught_up.is_set(),
+        )
+        return self.json(
+            {"ready": not reasons, "waiting_for": reasons, "worker": settings.worker_instance_id},
+            status=503 if reasons else 200,
         )
 
 

@@ -61,17 +61,20 @@ async def post_json(http, path: str, body, token: str | None = TOKEN, status: in
         return await response.json()
 
 
-async def test_health_and_policies(http, worker: Worker) -> None:
-    health = await wait_for(lambda: _healthy(http), 30, "/health to answer 200")
-    assert set(health["loops"]) == {"router", "delay-200ms", "delay-1s", "delay-3s"}
+async def test_health_readiness_and_policies(http, worker: Worker) -> None:
+    ready = await wait_for(lambda: _answers_200(http, "/ready"), 30, "/ready to answer 200")
+    assert ready["ready"] is True and ready["waiting_for"] == []
+    health = await _answers_200(http, "/health")
+    assert health["alive"] is True
+    assert health["loops"] == {name: "running" for name in ("router", "delay-200ms", "delay-1s", "delay-3s")}
     policies = await get_json(http, "/delay/policies")
     assert policies["ladder"] == ["200ms", "1s", "3s"] and policies["write_api"] is True
     assert policies["target_rates"] == [{"pattern": "it-slow-*", "per_second": SLOW_RATE, "burst": 1}]
     assert policies["topics"]["cancel"] == f"{worker.prefix}.cancel"
 
 
-async def _healthy(http):
-    async with http.get(http.base + "/health") as response:
+async def _answers_200(http, path: str):
+    async with http.get(http.base + path) as response:
         return await response.json() if response.status == 200 else None
 
 
