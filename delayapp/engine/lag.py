@@ -13,6 +13,16 @@ from delayapp.settings import Settings
 PARTITIONS_KEPT_S = 60.0  # how long the partitions of delayapp's topics are taken as known
 
 
+
+async def open_offset_clients(settings: Settings) -> tuple[AIOKafkaConsumer, AIOKafkaAdminClient]:
+    """A consumer in no group and an admin client, started: what reading end offsets and a
+    group's commits takes (the lag sampler's, the retired topics' drain)."""
+    consumer = AIOKafkaConsumer(**settings.kafka_client_kwargs(), group_id=None, enable_auto_commit=False)
+    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    await consumer.start()
+    await admin.start()
+    return consumer, admin
+
 class LagSampler:
     """Measures, per topic, the records beyond each consuming group's committed offsets
     (cluster-wide); keeps its two clients open between samples."""
@@ -32,12 +42,7 @@ class LagSampler:
         """``{topic: pending records}`` for each (group id, topics) pair."""
         if self._consumer is None or self._admin is None:
             await self.close()
-            self._consumer = AIOKafkaConsumer(
-                **self.settings.kafka_client_kwargs(), group_id=None, enable_auto_commit=False
-            )
-            self._admin = AIOKafkaAdminClient(**self.settings.kafka_client_kwargs())
-            await self._consumer.start()
-            await self._admin.start()
+            self._consumer, self._admin = await open_offset_clients(self.settings)
         lag: dict[str, int] = {}
         wanted = {t for _, topics in groups for t in topics}
         if time.monotonic() - self._partitions_at >= PARTITIONS_KEPT_S or not wanted <= self._partitions.keys():

@@ -25,6 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from delayapp.core.durations import format_duration
 from delayapp.core.partition import REPLAN_AT_ONCE
 from delayapp.core.retired import DrainState, DrainWatch, PartitionDrain, RetiredSource
+from delayapp.engine.lag import open_offset_clients
 from delayapp.engine.loop import HopLoop
 from delayapp.engine.metadata import topic_partitions
 from delayapp.settings import Settings
@@ -126,12 +127,7 @@ class RetiredDrain:
     async def _partitions(self) -> dict[tuple[str, int], PartitionDrain]:
         if self._consumer is None or self._admin is None:
             await self.close()
-            self._consumer = AIOKafkaConsumer(
-                **self.settings.kafka_client_kwargs(), group_id=None, enable_auto_commit=False
-            )
-            self._admin = AIOKafkaAdminClient(**self.settings.kafka_client_kwargs())
-            await self._consumer.start()
-            await self._admin.start()
+            self._consumer, self._admin = await open_offset_clients(self.settings)
         consumer, admin = self._consumer, self._admin
         found = await topic_partitions(consumer, self.topics)
         out: dict[tuple[str, int], PartitionDrain] = {}

@@ -25,14 +25,6 @@ def step(rid: str, status: RecordStatus, *, retries: int = 0, hops: int = 1, due
     return event.encode("t", None, None)
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> DiskStateStore:
-    opened = DiskStateStore(tmp_path / "s", ttl_ms=1_000)
-    opened.load(0)
-    yield opened
-    opened.close()
-
-
 def test_offset_travels_with_the_states_and_survives_a_reopen(tmp_path: Path) -> None:
     first = DiskStateStore(tmp_path / "s", ttl_ms=1_000)
     assert first.offset(0) is None

@@ -42,14 +42,6 @@ HOSTILE = [
 ]
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> DiskStateStore:
-    opened = DiskStateStore(tmp_path / "s", ttl_ms=1_000)
-    opened.load(0)
-    yield opened
-    opened.close()
-
-
 def test_each_hostile_record_is_skipped_and_counted_and_the_batch_still_folds(store: DiskStateStore) -> None:
     seen: list[tuple[int, str]] = []
     batch = [valid("a"), *HOSTILE, valid("b", RecordStatus.DELIVERED), valid("c")]
