@@ -13,7 +13,6 @@ from delayapp.settings import Settings
 PARTITIONS_KEPT_S = 60.0  # how long the partitions of delayapp's topics are taken as known
 
 
-
 async def open_offset_clients(settings: Settings) -> tuple[AIOKafkaConsumer, AIOKafkaAdminClient]:
     """A consumer in no group and an admin client, started: what reading end offsets and a
     group's commits takes (the lag sampler's, the retired topics' drain)."""
@@ -22,6 +21,7 @@ async def open_offset_clients(settings: Settings) -> tuple[AIOKafkaConsumer, AIO
     await consumer.start()
     await admin.start()
     return consumer, admin
+
 
 class LagSampler:
     """Measures, per topic, the records beyond each consuming group's committed offsets
