@@ -267,11 +267,12 @@ def step_order(event: dict[str, Any]) -> tuple[int, int, bool, int]:
     batch hopped the record on, its commit was lost, the redo found it due and delivered it,
     at a lower ``seq``). That copy, when it arrives, is delivered again and says so.
     """
+    seq = event.get("seq")
     return (
         int(event.get("retries") or 0),
         int(event.get("replays") or 0),
         event.get("status") in FINAL,
-        int(event.get("seq", -1)),
+        -1 if seq is None else int(seq),  # absent or null: before every step (a state's check lets null through)
     )
 
 
