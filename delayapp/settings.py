@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from delayapp.core.durations import format_duration, parse_duration
 from delayapp.core.headers import is_topic_name
 from delayapp.core.ladder import DEFAULT_LADDER, Ladder
+from delayapp.core.lanes import DEFAULT_CONNECT_TOPICS, Lanes
 from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
 from delayapp.core.throttle import TargetRate, parse_rates
@@ -144,6 +145,12 @@ class Settings(BaseSettings):
         None,
         description="comma-separated topic patterns records may be delivered to; "
         "a worker refuses to start without it ('*': any topic)",
+    )
+    connect_topics: str = Field(
+        ",".join(DEFAULT_CONNECT_TOPICS),
+        description="comma-separated names of the topics this cluster's Kafka Connect uses (its config, offset "
+        "and status storage topics): like connect-*, _*, __*, *-changelog and *-repartition, never a target "
+        "unless DELAYAPP_ALLOWED_TARGETS names them exactly",
     )
     check_target_exists: bool = Field(True, description="dead-letter records whose target topic does not exist")
     max_overdue: int = Field(
@@ -403,6 +410,16 @@ class Settings(BaseSettings):
     def rates(self) -> tuple[TargetRate, ...]:
         """The validated per-target rate limits (raises ConfigError when malformed)."""
         return parse_rates(self.target_rates, burst=self.target_burst)
+
+    def lanes(self, layout: TopicLayout) -> Lanes:
+        """Whose topics are whose for this deployment (:mod:`delayapp.core.lanes`): delayapp's own
+        (``layout``, the prefix, the app id's Faust internals) and Kafka Connect's names."""
+        return Lanes(
+            prefix=self.topic_prefix,
+            app_id=self.app_id,
+            own_topics=frozenset(layout.all_topics),
+            connect_topics=frozenset(n.strip() for n in self.connect_topics.split(",") if n.strip()),
+        )
 
     @property
     def allowed_target_patterns(self) -> tuple[str, ...]:
