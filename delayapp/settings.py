@@ -64,6 +64,25 @@ class OnMalformed(str, enum.Enum):
     STOP = "stop"  # raise: the reader, and with it the worker, stops at that record
 
 
+MIN_TOKEN_CHARS = 16
+"""The shortest API or read token a worker accepts."""
+
+MASK = "********"
+# librdkafka property names whose values are credentials (sasl.password, ssl.key.password,
+# sasl.oauthbearer.client.secret, ssl.keystore.password, ssl.key.pem, ...): masked when printed
+_SECRET_KEY_PARTS = ("password", "secret", "token", "key", "sasl", "credential", "pem", "jaas")
+
+
+def mask_properties(config: str) -> str:
+    """``key=value,...`` with the value of every key that looks secret replaced by a mask (for printing)."""
+    items = []
+    for item in config.split(","):
+        key, sep, _ = item.partition("=")
+        secret = sep and any(part in key.strip().lower() for part in _SECRET_KEY_PARTS)
+        items.append(f"{key}={MASK}" if secret else item)
+    return ",".join(items)
+
+
 def _ms(value: Any) -> int:
     try:
         return parse_duration(value if isinstance(value, (int, str)) else str(value))
@@ -335,12 +354,25 @@ class Settings(BaseSettings):
         "this (duration; Kafka Streams' state.cleanup.delay.ms): one that comes back sooner resumes from it",
     )
 
+    @field_validator("api_token", "read_token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        # A short token is guessed: refuse it at start rather than serve behind it. ConfigError,
+        # not ValueError: pydantic would print the input (the token) beside a ValueError's text.
+        if value is not None and len(value.get_secret_value()) < MIN_TOKEN_CHARS:
+            raise ConfigError(
+                f"DELAYAPP_{str(info.field_name).upper()} is {len(value.get_secret_value())} characters long: "
+                f"a token needs at least {MIN_TOKEN_CHARS} (a random one: "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        return value
+
     @field_validator(*DURATION_FIELDS, mode="before")
     @classmethod
     def _durations(cls, value: Any) -> int:
         return _ms(value)
 
-    @field_validator("cesium_source", "cesium_destination", "read_token", mode="before")
+    @field_validator("cesium_source", "cesium_destination", "read_token", "api_token", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
@@ -380,6 +412,11 @@ class Settings(BaseSettings):
     def _strip_scheme(cls, value: str) -> str:
         hosts = [h.strip().removeprefix("kafka://") for h in str(value).replace(";", ",").split(",")]
         return ",".join(h for h in hosts if h)
+
+    def __repr_args__(self) -> Any:
+        # repr() and str() of the settings (a log line, a traceback's locals) mask credentials too
+        for name, value in super().__repr_args__():
+            yield name, (mask_properties(value) if name == "librdkafka_config" else value)
 
     # -- derived ------------------------------------------------------------------------------
 
@@ -523,7 +560,9 @@ class Settings(BaseSettings):
             env = " / ".join(map(str, alias.choices)) if isinstance(alias, AliasChoices) else f"DELAYAPP_{name.upper()}"
             value = getattr(self, name)
             if isinstance(value, SecretStr):
-                value = "********"
+                value = MASK
+            elif name == "librdkafka_config":
+                value = mask_properties(value)
             elif name in DURATION_FIELDS:
                 value = format_duration(value)
             default = field.default.value if isinstance(field.default, enum.Enum) else field.default
