@@ -79,7 +79,7 @@ async def hop_throughput(
         session_timeout_ms=6000,
         heartbeat_interval_ms=1500,
         max_batch=1000,
-        allowed_targets=f"{prefix}-*",
+        allowed_targets=f"{prefix}-sink",  # exactly: <app_id>-* is the Faust app's lane, no pattern reaches it
     )
     layout = settings.topic_layout()
     await bootstrap_topics(settings, layout)
@@ -164,7 +164,7 @@ def worker_env(bootstrap: str, prefix: str, ladder: str, *, external: bool, part
         "DELAYAPP_PARTITIONS": str(partitions),
         "DELAYAPP_SESSION_TIMEOUT_MS": "6000",
         "DELAYAPP_HEARTBEAT_INTERVAL_MS": "1500",
-        "DELAYAPP_ALLOWED_TARGETS": f"{prefix}-*",
+        "DELAYAPP_ALLOWED_TARGETS": f"{prefix}-out",  # exactly: <app_id>-* is the Faust app's lane
         "DELAYAPP_MAX_DELAY": "1d",
         **embedded_broker_env(bootstrap if external else None),
     }

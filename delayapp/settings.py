@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from delayapp.core.durations import format_duration, parse_duration
 from delayapp.core.headers import is_topic_name
 from delayapp.core.ladder import DEFAULT_LADDER, Ladder
+from delayapp.core.lanes import DEFAULT_CONNECT_TOPICS, Lanes
 from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
 from delayapp.core.throttle import TargetRate, parse_rates
@@ -61,6 +62,25 @@ class OnMalformed(str, enum.Enum):
 
     SKIP = "skip"  # count it, log the first of its kind, go on
     STOP = "stop"  # raise: the reader, and with it the worker, stops at that record
+
+
+MIN_TOKEN_CHARS = 16
+"""The shortest API or read token a worker accepts."""
+
+MASK = "********"
+# librdkafka property names whose values are credentials (sasl.password, ssl.key.password,
+# sasl.oauthbearer.client.secret, ssl.keystore.password, ssl.key.pem, ...): masked when printed
+_SECRET_KEY_PARTS = ("password", "secret", "token", "key", "sasl", "credential", "pem", "jaas")
+
+
+def mask_properties(config: str) -> str:
+    """``key=value,...`` with the value of every key that looks secret replaced by a mask (for printing)."""
+    items = []
+    for item in config.split(","):
+        key, sep, _ = item.partition("=")
+        secret = sep and any(part in key.strip().lower() for part in _SECRET_KEY_PARTS)
+        items.append(f"{key}={MASK}" if secret else item)
+    return ",".join(items)
 
 
 def _ms(value: Any) -> int:
@@ -144,6 +164,12 @@ class Settings(BaseSettings):
         None,
         description="comma-separated topic patterns records may be delivered to; "
         "a worker refuses to start without it ('*': any topic)",
+    )
+    connect_topics: str = Field(
+        ",".join(DEFAULT_CONNECT_TOPICS),
+        description="comma-separated names of the topics this cluster's Kafka Connect uses (its config, offset "
+        "and status storage topics): like connect-*, _*, __*, *-changelog and *-repartition, never a target "
+        "unless DELAYAPP_ALLOWED_TARGETS names them exactly",
     )
     check_target_exists: bool = Field(True, description="dead-letter records whose target topic does not exist")
     max_overdue: int = Field(
@@ -328,12 +354,25 @@ class Settings(BaseSettings):
         "this (duration; Kafka Streams' state.cleanup.delay.ms): one that comes back sooner resumes from it",
     )
 
+    @field_validator("api_token", "read_token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        # A short token is guessed: refuse it at start rather than serve behind it. ConfigError,
+        # not ValueError: pydantic would print the input (the token) beside a ValueError's text.
+        if value is not None and len(value.get_secret_value()) < MIN_TOKEN_CHARS:
+            raise ConfigError(
+                f"DELAYAPP_{str(info.field_name).upper()} is {len(value.get_secret_value())} characters long: "
+                f"a token needs at least {MIN_TOKEN_CHARS} (a random one: "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        return value
+
     @field_validator(*DURATION_FIELDS, mode="before")
     @classmethod
     def _durations(cls, value: Any) -> int:
         return _ms(value)
 
-    @field_validator("cesium_source", "cesium_destination", "read_token", mode="before")
+    @field_validator("cesium_source", "cesium_destination", "read_token", "api_token", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
@@ -374,6 +413,11 @@ class Settings(BaseSettings):
         hosts = [h.strip().removeprefix("kafka://") for h in str(value).replace(";", ",").split(",")]
         return ",".join(h for h in hosts if h)
 
+    def __repr_args__(self) -> Any:
+        # repr() and str() of the settings (a log line, a traceback's locals) mask credentials too
+        for name, value in super().__repr_args__():
+            yield name, (mask_properties(value) if name == "librdkafka_config" else value)
+
     # -- derived ------------------------------------------------------------------------------
 
     @cached_property
@@ -403,6 +447,16 @@ class Settings(BaseSettings):
     def rates(self) -> tuple[TargetRate, ...]:
         """The validated per-target rate limits (raises ConfigError when malformed)."""
         return parse_rates(self.target_rates, burst=self.target_burst)
+
+    def lanes(self, layout: TopicLayout) -> Lanes:
+        """Whose topics are whose for this deployment (:mod:`delayapp.core.lanes`): delayapp's own
+        (``layout``, the prefix, the app id's Faust internals) and Kafka Connect's names."""
+        return Lanes(
+            prefix=self.topic_prefix,
+            app_id=self.app_id,
+            own_topics=frozenset(layout.all_topics),
+            connect_topics=frozenset(n.strip() for n in self.connect_topics.split(",") if n.strip()),
+        )
 
     @property
     def allowed_target_patterns(self) -> tuple[str, ...]:
@@ -506,7 +560,9 @@ class Settings(BaseSettings):
             env = " / ".join(map(str, alias.choices)) if isinstance(alias, AliasChoices) else f"DELAYAPP_{name.upper()}"
             value = getattr(self, name)
             if isinstance(value, SecretStr):
-                value = "********"
+                value = MASK
+            elif name == "librdkafka_config":
+                value = mask_properties(value)
             elif name in DURATION_FIELDS:
                 value = format_duration(value)
             default = field.default.value if isinstance(field.default, enum.Enum) else field.default

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from delayapp.errors import ConfigError
-from delayapp.settings import load_settings, markdown_table
+from delayapp.settings import MIN_TOKEN_CHARS, load_settings, markdown_table, mask_properties
 
 SETTINGS_PAGE = pathlib.Path(__file__).parents[1] / "docs" / "settings.md"
 
@@ -62,5 +62,29 @@ def test_web_addresses_are_checked_and_loopback_by_default() -> None:
 def test_read_credential_is_the_read_token_else_the_api_token() -> None:
     assert load_settings().read_credential() is None
     assert load_settings(read_token="  ").read_token is None  # an empty variable leaves reads open
-    assert load_settings(api_token="w").read_credential() == "w"
-    assert load_settings(api_token="w", read_token="r").read_credential() == "r"
+    writer, reader = "w" * MIN_TOKEN_CHARS, "r" * MIN_TOKEN_CHARS
+    assert load_settings(api_token=writer).read_credential() == writer
+    assert load_settings(api_token=writer, read_token=reader).read_credential() == reader
+
+
+@pytest.mark.parametrize("name", ["api_token", "read_token"])
+def test_a_token_shorter_than_16_characters_is_refused_without_showing_it(name: str) -> None:
+    for short in ("x", "read-secret-22", "a" * (MIN_TOKEN_CHARS - 1)):
+        with pytest.raises(ConfigError, match=f"DELAYAPP_{name.upper()} is {len(short)} characters long") as refused:
+            load_settings(**{name: short})
+        assert short not in str(refused.value) and "at least 16" in str(refused.value)
+    assert load_settings(**{name: "a" * MIN_TOKEN_CHARS}) is not None
+    assert getattr(load_settings(**{name: " "}), name) is None  # an empty variable: unset, not refused
+
+
+def test_printed_settings_mask_the_secrets_in_librdkafka_config() -> None:
+    config = (
+        "sasl.oauthbearer.client.secret=S3CR3T-1,ssl.key.password=S3CR3T-2,client.rack=eu-1a,sasl.password=S3CR3T-3"
+    )
+    s = load_settings(librdkafka_config=config)
+    assert s.librdkafka_overrides()["ssl.key.password"] == "S3CR3T-2"  # the clients still get it
+    row = next(r for r in s.describe() if r[0] == "DELAYAPP_LIBRDKAFKA_CONFIG")
+    for printed in (row[1], repr(s), str(s)):
+        assert "S3CR3T" not in printed, printed
+    assert "client.rack=eu-1a" in row[1] and "ssl.key.password=********" in row[1]
+    assert mask_properties("socket.keepalive.enable=true,linger") == "socket.keepalive.enable=true,linger"

@@ -18,6 +18,7 @@ from hashlib import sha1
 
 from delayapp.core.durations import format_duration
 from delayapp.core.headers import DelayHeaders
+from delayapp.core.lanes import Lanes, lane_of, named_exactly
 from delayapp.core.planner import Hop, Planner
 
 
@@ -53,10 +54,11 @@ PATTERN_VERDICTS_KEPT = 4_096  # target names whose pattern verdict a Policy rem
 class Policy:
     """The governance rules one deployment applies to every record.
 
-    ``allowed_targets`` are shell-style patterns (``orders.*``); ``reserved_topics`` (exact
-    names) and ``reserved_patterns`` (shell-style) name delayapp's own and Kafka's internal
-    topics, which are never valid targets. A record due in less than ``hold_below_ms`` is
-    held where it is (the worker waits on it) rather than re-enqueued for a sliver of time.
+    ``allowed_targets`` are shell-style patterns (``orders.*``) or exact names; ``lanes``
+    places a target in delayapp's own lane (never a target) or another system's (a target only
+    when ``allowed_targets`` names it exactly: :mod:`delayapp.core.lanes`). A record due in
+    less than ``hold_below_ms`` is held where it is (the worker waits on it) rather than
+    re-enqueued for a sliver of time.
     """
 
     max_delay_ms: int
@@ -64,8 +66,7 @@ class Policy:
     max_overdue_ms: int = 7 * 86_400_000
     hold_below_ms: int = 0
     allowed_targets: tuple[str, ...] = ("*",)
-    reserved_topics: frozenset[str] = frozenset()
-    reserved_patterns: tuple[str, ...] = ()
+    lanes: Lanes = Lanes()
 
     # The verdict of the name patterns per target name: a pure function of the name, asked at
     # every hop of every record, and a deployment has few targets. Bounded against a flood of
@@ -93,8 +94,15 @@ class Policy:
         return None
 
     def _check_patterns(self, topic: str) -> DeadLetter | None:
-        if topic in self.reserved_topics or any(fnmatch.fnmatchcase(topic, p) for p in self.reserved_patterns):
+        lane = lane_of(topic, self.lanes)
+        if lane is not None and lane.own:
             return DeadLetter(Reason.TARGET_LOOP, f"target {topic!r} is one of delayapp's own topics")
+        if lane is not None and not named_exactly(topic, self.allowed_targets):
+            return DeadLetter(
+                Reason.TARGET_NOT_ALLOWED,
+                f"target {topic!r} is {lane.whose} (matches {lane.rule!r}): such a topic is a target only "
+                "when DELAYAPP_ALLOWED_TARGETS names it exactly, never through a pattern",
+            )
         if not any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.allowed_targets):
             return DeadLetter(
                 Reason.TARGET_NOT_ALLOWED,

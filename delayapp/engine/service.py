@@ -91,21 +91,15 @@ def tune_collector() -> None:
 
 
 def build_policy(settings: Settings, layout: TopicLayout) -> Policy:
-    """The governance policy of these settings; delayapp's own topics are never targets."""
+    """The governance policy of these settings; delayapp's own topics are never targets, other
+    systems' only when named exactly (:mod:`delayapp.core.lanes`)."""
     return Policy(
         max_delay_ms=settings.max_delay,
         max_retries=settings.max_retries,
         max_overdue_ms=settings.max_overdue,
         hold_below_ms=settings.ladder.smallest,
         allowed_targets=settings.allowed_target_patterns,
-        reserved_topics=frozenset(layout.all_topics),
-        reserved_patterns=(
-            f"{settings.topic_prefix}.*",  # ingress, delay topics, dead letters, audit
-            f"{settings.app_id}-*-changelog",  # Faust tables
-            f"{settings.app_id}-*-repartition",
-            f"{settings.app_id}-__*",  # Faust's assignor topic
-            "__*",  # Kafka's own (__consumer_offsets, __transaction_state)
-        ),
+        lanes=settings.lanes(layout),
     )
 
 

@@ -1,4 +1,9 @@
-"""Who may read the web server: the read-token guard in front of every view.
+"""Who may read the web server: the edge and the read-token guard in front of every view.
+
+The edge (:func:`edge_middleware`) comes first: every response carries :data:`SECURITY_HEADERS`
+(a Content-Security-Policy of ``default-src 'self'``, ``frame-ancestors 'none'``, nosniff, no
+referrer), and a server bound to loopback answers only requests naming it in ``Host``
+(:func:`accepted_hosts`), so a page elsewhere cannot reach it by DNS rebinding.
 
 With ``DELAYAPP_READ_TOKEN`` set, every path but :data:`OPEN_PATHS` needs a read credential:
 
@@ -19,17 +24,22 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from html import escape
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+log = logging.getLogger(__name__)
+
 COOKIE = "delayapp_session"
 LOGIN_PATH = "/login"
 LOGOUT_PATH = "/logout"
-#: Paths any request reaches: the liveness probe, and the login form a browser needs to get in.
-OPEN_PATHS = frozenset({"/health", "/ready", LOGIN_PATH, LOGOUT_PATH})  # probes carry no token
+STYLESHEET_PATH = "/console/console.css"  # the console's and the login form's styles
+#: Paths any request reaches: the liveness probe, and the login form a browser needs to get in (and its styles).
+OPEN_PATHS = frozenset({"/health", "/ready", LOGIN_PATH, LOGOUT_PATH, STYLESHEET_PATH})  # probes carry no token
 # Session cookies last as long as a working day; the token itself never expires.
 COOKIE_MAX_AGE_S = 12 * 3600
 
@@ -126,6 +136,85 @@ class ReadGuard:
         return response
 
 
+SECURITY_HEADERS = {
+    # The pages load their script and styles from this server only and run no inline script;
+    # no other site may frame them (clickjacking) or learn their URLs (record ids) as a referrer.
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+"""The headers every response of the web server carries (:func:`edge_middleware`)."""
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def _host_forms(host: str, ports: Iterable[int | None]) -> set[str]:
+    host = host.lower()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address, as a Host header writes it
+    return {host if port is None else f"{host}:{port}" for port in ports}
+
+
+def accepted_hosts(*, bind: str, port: int, host: str, canonical_url: str | None = None) -> frozenset[str] | None:
+    """The ``Host`` headers a web server bound to ``bind`` accepts, or None (any) when it is not
+    bound to loopback.
+
+    On loopback only a browser on this host reaches the server, and a page from elsewhere does
+    so only by DNS rebinding (its own name resolving to 127.0.0.1): its requests then carry that
+    name in ``Host``. Accepted: localhost, 127.0.0.1 and [::1], this worker's ``host`` and its
+    canonical URL's host, each with the server's port or none (a proxy on this host may drop it)."""
+    try:
+        loopback = bind == "localhost" or ipaddress.ip_address(bind.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return None
+    names = {name: {None, port} for name in (*LOOPBACK_NAMES, host)}
+    if canonical_url:
+        parts = urlsplit(canonical_url)
+        if parts.hostname:
+            names.setdefault(parts.hostname, {None, port}).add(parts.port)
+    return frozenset(form for name, ports in names.items() for form in _host_forms(name, ports))
+
+
+def edge_middleware(hosts: frozenset[str] | None) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """The aiohttp middleware in front of every view: :data:`SECURITY_HEADERS` on every
+    response (errors too), and a request whose ``Host`` is not among ``hosts`` (None: any)
+    refused with 421 before any view or the read guard sees it."""
+
+    def secured(response: web.StreamResponse) -> web.StreamResponse:
+        if not response.prepared:
+            for name, value in SECURITY_HEADERS.items():
+                response.headers.setdefault(name, value)
+        return response
+
+    @web.middleware
+    async def edge(request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = request.headers.get("Host")
+        # A request without Host is no browser's (DNS rebinding rides on a browser, which sends it).
+        if hosts is not None and given is not None and given.lower() not in hosts:
+            return secured(
+                web.json_response(
+                    {
+                        "error": f"this worker listens on loopback and answers requests for {sorted(hosts)} only, "
+                        f"not for Host {given!r} (DELAYAPP_WEB_HOST, DELAYAPP_WEB_CANONICAL_URL)"
+                    },
+                    status=421,
+                )
+            )
+        try:
+            return secured(await handler(request))
+        except web.HTTPException as exc:  # aiohttp's own answers (404, 405, ...), raised as responses
+            secured(exc)
+            raise
+        except Exception:
+            # what aiohttp would answer and log itself, but with the headers on
+            log.exception("error handling %s %s", request.method, request.path)
+            raise web.HTTPInternalServerError(headers=SECURITY_HEADERS) from None
+
+    return edge
+
+
 def see_other(path: str) -> web.Response:
     """A 303 to ``path`` on this server (never cached)."""
     return web.Response(status=303, headers={"Location": path, "Cache-Control": "no-store"})
@@ -141,12 +230,12 @@ def safe_next(path: str) -> str:
 
 def login_page(next_path: str = "/console", status: int = 200, message: str = "") -> web.Response:
     """The console's login form: one password field, posted to ``/login``."""
-    note = f'<p id="login-error" style="color:#c62828">{escape(message)}</p>' if message else ""
+    # no inline style: the Content-Security-Policy allows none (the stylesheet is an open path)
+    note = f'<p id="login-error">{escape(message)}</p>' if message else ""
     body = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>delayapp: log in</title>
-<style>body {{ font: 14px system-ui, sans-serif; margin: 48px auto; max-width: 360px; }}
-input {{ width: 100%; margin: 6px 0; padding: 4px; }}</style></head>
-<body><h1 style="font-size:18px">delayapp console</h1>
+<link rel="stylesheet" href="{STYLESHEET_PATH}"></head>
+<body class="login"><h1>delayapp console</h1>
 <p>This worker requires its read token (<code>DELAYAPP_READ_TOKEN</code>).</p>{note}
 <form method="post" action="{LOGIN_PATH}">
 <input type="hidden" name="next" value="{escape(safe_next(next_path))}">

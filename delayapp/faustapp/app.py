@@ -25,7 +25,7 @@ from delayapp.engine.connect import check_broker_access
 from delayapp.engine.service import DelayEngine
 from delayapp.engine.stats import MALFORMED_RECORDS
 from delayapp.faustapp import driver as faust_driver
-from delayapp.faustapp.access import ReadGuard
+from delayapp.faustapp.access import ReadGuard, accepted_hosts, edge_middleware
 from delayapp.faustapp.console_feed import DeadLetterTail
 from delayapp.settings import OnMalformed, Settings, load_settings
 from delayapp.statestore.disk import DiskStateStore
@@ -104,8 +104,21 @@ app = DelayApp(
     web_bind=settings.web_bind,
     web_host=settings.web_host,
     web_port=settings.web_port,
-    # The guard runs before every view, Faust's own /router and /table included.
-    web_application_options={"middlewares": [read_guard.middleware()]},
+    # The edge (security headers, the Host check on loopback) and the guard run before every
+    # view, Faust's own /router and /table included.
+    web_application_options={
+        "middlewares": [
+            edge_middleware(
+                accepted_hosts(
+                    bind=settings.web_bind,
+                    port=settings.web_port,
+                    host=settings.web_host,
+                    canonical_url=settings.web_canonical_url,
+                )
+            ),
+            read_guard.middleware(),
+        ]
+    },
     canonical_url=settings.web_canonical_url or settings.web_url,
     autodiscover=False,
     table_cleanup_interval=60.0,

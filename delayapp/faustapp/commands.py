@@ -306,7 +306,7 @@ async def dlq(
         self.say(f"{len(scan.selected)} dead letters shown{more}; {scan.scanned} read from {layout.dead_letter}")
         return
     for line in _replay_summary(report):
-        self.say(line)
+        self.say(render.printable(line))  # dead letters' keys, record ids and reasons come from Kafka
 
 
 async def _replay(selection: ReplayFilter, delay_ms: int | None, dry_run: bool, limit: int | None) -> ReplayReport:

@@ -6,12 +6,27 @@ pasted into the README.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from delayapp.core.durations import format_duration
 from delayapp.core.instants import format_instant
 from delayapp.core.planner import Hop
+
+# C0 and C1 controls, DEL, and the invisible format characters that reorder or hide text
+# (zero-width, bidirectional overrides and isolates, the byte-order mark)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\x1b``, ``\\n``, ``\\u202e``).
+
+    What the command line prints of Kafka-sourced text (a cancel reason, a dead letter's reason
+    and detail, a record id) was written by whoever could produce to a topic: an escape sequence
+    there would recolour, move the cursor or rewrite the operator's terminal, a bidirectional
+    override reorder what it shows."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def hop_label(hop: Hop) -> str:
@@ -50,19 +65,20 @@ def truncate(text: str | None, width: int) -> str:
     """``text`` cut to ``width`` characters with ``...``; ``-`` for None or empty."""
     if not text:
         return "-"
-    flat = " ".join(text.split())
+    flat = printable(" ".join(text.split()))
     return flat if len(flat) <= width else flat[: max(width - 3, 0)] + "..."
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """Left-aligned columns separated by two spaces, a header line first."""
-    cells = [[str(c) for c in headers]] + [["-" if c is None else str(c) for c in row] for row in rows]
+    """Left-aligned columns separated by two spaces, a header line first (control characters escaped)."""
+    cells = [[printable(str(c)) for c in headers]]
+    cells += [["-" if c is None else printable(str(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
 
 
 def status_lines(state: dict[str, Any], now_ms: int) -> list[str]:
-    """A record state from the worker's read model as ``name  value`` lines."""
+    """A record state from the worker's read model as ``name  value`` lines (control characters escaped)."""
     where = None
     if state.get("topic") is not None:
         # a step published without its write's report names the topic alone
@@ -94,4 +110,4 @@ def status_lines(state: dict[str, Any], now_ms: int) -> list[str]:
         ("updated", when(state.get("at"), now_ms) if state.get("at") is not None else None),
     ]
     width = max(len(name) for name, _ in pairs)
-    return [f"{name.ljust(width)}  {'-' if value is None else value}" for name, value in pairs]
+    return [f"{name.ljust(width)}  {'-' if value is None else printable(str(value))}" for name, value in pairs]

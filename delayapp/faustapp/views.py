@@ -26,7 +26,7 @@ from delayapp.core.replay import ReplayFilter
 from delayapp.engine.health import waiting_for, wedged
 from delayapp.errors import ConfigError
 from delayapp.faustapp import http_bodies as api
-from delayapp.faustapp.access import LOGIN_PATH, LOGOUT_PATH, login_page, safe_next, see_other
+from delayapp.faustapp.access import LOGIN_PATH, LOGOUT_PATH, STYLESHEET_PATH, login_page, safe_next, see_other
 from delayapp.faustapp.app import app, layout, read_guard, settings
 from delayapp.faustapp.console_feed import ConsoleFeed
 from delayapp.ops.dead_letters import replay_dead_letters
@@ -360,8 +360,27 @@ class Console(View):
     """The operator console: one page that refreshes itself from ``/console/data`` (no internet needed)."""
 
     async def get(self, request: Request) -> Response:
-        page = resources.files("delayapp.faustapp").joinpath("console.html").read_text(encoding="utf-8")
-        return self.html(page)
+        return self.html(_console_file("console.html"))
+
+
+def _console_file(name: str) -> str:
+    return resources.files("delayapp.faustapp").joinpath(name).read_text(encoding="utf-8")
+
+
+@app.page("/console/console.js")
+class ConsoleScript(View):
+    """The console's script (a file of its own: the Content-Security-Policy runs no inline script)."""
+
+    async def get(self, request: Request) -> Response:
+        return self.text(_console_file("console.js"), content_type="text/javascript")
+
+
+@app.page(STYLESHEET_PATH)
+class ConsoleStyles(View):
+    """The console's and the login form's styles (open: the login form needs them before a token)."""
+
+    async def get(self, request: Request) -> Response:
+        return self.text(_console_file("console.css"), content_type="text/css")
 
 
 @app.page("/console/data")

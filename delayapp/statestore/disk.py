@@ -34,6 +34,8 @@ there cost a record's first step more than all the rest of its fold.
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -108,6 +110,18 @@ def due_bucket(reactivate_at: Any) -> int:
     return due - due % DUE_BUCKET_MS
 
 
+STORE_MODE = 0o700  # record ids, targets, dead-letter reasons: for the worker's user only
+
+
+def private_directory(path: Path) -> None:
+    """Create ``path`` readable by its owner only (:data:`STORE_MODE`), or make an existing one so
+    when this process's user owns it (one it does not own is left as it is: not ours to change)."""
+    path.mkdir(mode=STORE_MODE, parents=True, exist_ok=True)  # the mode applies to the last directory
+    held = path.stat()
+    if held.st_uid == os.getuid() and stat.S_IMODE(held.st_mode) != STORE_MODE:
+        path.chmod(STORE_MODE)
+
+
 class DiskStateStore:
     """Record id (UTF-8 bytes) → its latest state, for the partitions folded into it, in RocksDB at ``path``.
 
@@ -137,7 +151,7 @@ class DiskStateStore:
         table.set_cache_index_and_filter_blocks(False)
         options.set_block_based_table_factory(table)
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            private_directory(self.path)
             self._db = Rdict(str(self.path), options)
         except Exception as exc:  # rocksdict raises plain Exception for a held lock or a bad path
             raise StoreUnavailable(

@@ -12,6 +12,7 @@ from delayapp.core.admission import LeanAdmitted, entry_json
 from delayapp.core.audit import waiting
 from delayapp.core.cancel import CancelRequest
 from delayapp.core.ladder import Ladder
+from delayapp.core.lanes import Lanes
 from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
 from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME, Policy
@@ -27,7 +28,7 @@ POLICY = Policy(
     hold_below_ms=50,
     max_overdue_ms=60_000,
     allowed_targets=("orders", "mail.*"),
-    reserved_topics=frozenset(LAYOUT.all_topics),
+    lanes=Lanes(own_topics=frozenset(LAYOUT.all_topics)),
 )
 WHERE = ("u.ingress", 2)
 OFFSET = 41

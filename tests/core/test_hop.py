@@ -13,6 +13,7 @@ from delayapp.core.audit import delivered
 from delayapp.core.cancel import CancelRequest
 from delayapp.core.hop import LeanDelivery, LeanHop
 from delayapp.core.ladder import Ladder
+from delayapp.core.lanes import Lanes
 from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
 from delayapp.core.policies import Policy, Wait
@@ -27,7 +28,7 @@ POLICY = Policy(
     max_retries=3,
     hold_below_ms=200,
     allowed_targets=("orders", "mail.*"),
-    reserved_topics=frozenset(LAYOUT.all_topics),
+    lanes=Lanes(own_topics=frozenset(LAYOUT.all_topics)),
 )
 SOURCE = ("u.delay.5s", 2, 41)
 CANCELLED = {"gone": CancelRequest("gone", NOW - 5_000)}

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from delayapp.core import policies
 from delayapp.core.headers import DelayHeaders
 from delayapp.core.ladder import Ladder
+from delayapp.core.lanes import Lanes
 from delayapp.core.planner import Hop, Planner
 from delayapp.core.policies import (
     CREATE_TIME,
@@ -32,8 +33,7 @@ POLICY = Policy(
     max_delay_ms=3_600_000,
     max_retries=3,
     allowed_targets=("orders", "payments.*"),
-    reserved_topics=frozenset({"delayapp.ingress", "delayapp.dlq"}),
-    reserved_patterns=("delayapp.*",),
+    lanes=Lanes(prefix="delayapp", app_id="delayapp", own_topics=frozenset({"delayapp.ingress", "delayapp.dlq"})),
 )
 
 
@@ -172,7 +172,7 @@ def test_target_verdicts_are_the_same_remembered_or_not(patterns: list[str], nam
         return [policy.check_target(name) for name in names]
 
     def fresh() -> Policy:
-        return Policy(max_delay_ms=1, max_retries=0, allowed_targets=tuple(patterns), reserved_patterns=("a.*",))
+        return Policy(max_delay_ms=1, max_retries=0, allowed_targets=tuple(patterns), lanes=Lanes(prefix="a"))
 
     remembering = fresh()
     first = verdicts(remembering)

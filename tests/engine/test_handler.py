@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from delayapp.core import headers as h
 from delayapp.core.cancel import CancelRequest
 from delayapp.core.ladder import Ladder
+from delayapp.core.lanes import Lanes
 from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
 from delayapp.core.policies import LOG_APPEND_TIME, Policy, Wait
@@ -39,8 +40,7 @@ FUZZ_HANDLER = RecordHandler(
     policy=Policy(
         max_delay_ms=60_000,
         max_retries=3,
-        reserved_topics=frozenset(FUZZ_LAYOUT.all_topics),
-        reserved_patterns=("fz.*",),
+        lanes=Lanes(prefix="fz", own_topics=frozenset(FUZZ_LAYOUT.all_topics)),
     ),
     max_record_bytes=10_000,
 )

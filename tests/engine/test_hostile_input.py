@@ -185,6 +185,20 @@ CASES = [
         PAYLOAD,
         INGRESS,
     ),
+    (  # matches the allow-list's pattern, but is another application's changelog (and exists)
+        "target-is-another-apps-changelog",
+        "target-not-allowed",
+        [(h.REACTIVATE_TO_TOPIC, T + "-changelog"), (h.DELAY_MS, "10")],
+        PAYLOAD,
+        INGRESS,
+    ),
+    (  # matches the allow-list's pattern, but is in the lane of delayapp's Faust app (<app_id>-*)
+        "target-in-the-faust-apps-lane",
+        "target-not-allowed",
+        [(h.REACTIVATE_TO_TOPIC, "{prefix}-events"), (h.DELAY_MS, "10")],
+        PAYLOAD,
+        INGRESS,
+    ),
     (
         "target-does-not-exist",
         "unknown-target",
@@ -251,7 +265,7 @@ async def hostile_env(bootstrap: str):
     """One worker (max 3 retries, 100 kB records) and a collector on the target and the dead letters."""
     prefix = unique("hst")
     target = unique("hostile-target-")
-    await create_topics(bootstrap, target)
+    await create_topics(bootstrap, target, target + "-changelog")
     worker = Worker(
         bootstrap,
         prefix,

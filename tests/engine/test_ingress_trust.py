@@ -13,6 +13,7 @@ import pytest
 
 from delayapp.core import headers as h
 from delayapp.core.ladder import Ladder
+from delayapp.core.lanes import Lanes
 from delayapp.core.layout import TopicLayout, config_warnings, retention_problems, topic_configs, topic_specs
 from delayapp.core.planner import Planner
 from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME, Policy, Wait
@@ -31,7 +32,7 @@ POLICY = Policy(
     max_retries=3,
     hold_below_ms=1_000,
     allowed_targets=("orders",),
-    reserved_topics=frozenset(LAYOUT.all_topics),
+    lanes=Lanes(own_topics=frozenset(LAYOUT.all_topics)),
 )
 
 

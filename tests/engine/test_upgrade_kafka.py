@@ -62,7 +62,8 @@ async def test_records_old_versions_wrote_are_delivered_on_time_once_and_an_old_
     layout = load_settings(broker=bootstrap, topic_prefix=prefix, denominations=TEST_LADDER).topic_layout()
     targets = {name: f"{prefix}-target-{index}" for index, name in enumerate(DELAY_FORMATS)}
     await create_topics(bootstrap, *targets.values(), partitions=1)
-    worker = Worker(bootstrap, prefix).start()
+    # named exactly: <app_id>-* (the app id is the prefix) is the Faust app's lane, no pattern reaches it
+    worker = Worker(bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS=",".join(targets.values())).start()
     collector = None
     try:
         await worker.wait_ready()

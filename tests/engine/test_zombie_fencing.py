@@ -55,9 +55,7 @@ async def test_a_worker_frozen_past_its_session_commits_nothing_when_it_thaws(bo
         pytest.skip(f"broker lacks usable transactions ({reason}); run with DELAYAPP_TEST_BROKER=<real Kafka>")
     prefix = unique("zmb")
     target = f"{prefix}-out"
-    env = dict(
-        DELAYAPP_PROCESSING_GUARANTEE="exactly_once", DELAYAPP_PARTITIONS="4", DELAYAPP_ALLOWED_TARGETS=f"{prefix}-*"
-    )
+    env = dict(DELAYAPP_PROCESSING_GUARANTEE="exactly_once", DELAYAPP_PARTITIONS="4", DELAYAPP_ALLOWED_TARGETS=target)
     workers = [Worker(bootstrap, prefix, **env).start(), Worker(bootstrap, prefix, **env).start()]
     try:
         await asyncio.gather(*(w.wait_ready() for w in workers))

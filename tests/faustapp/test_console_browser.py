@@ -158,6 +158,7 @@ async def test_console_in_a_browser_matches_the_stats_and_acts(bootstrap: str, w
         page.get(base + "/console")
         await wait_for(lambda: page.find_elements("id", "login-token"), 20, "the login form")
         assert not page.find_elements("id", "pending-table")
+        assert _js(page, "return getComputedStyle(document.body).maxWidth") == "360px"  # its stylesheet, open
         page.find_element("id", "login-token").send_keys("not the token")
         page.find_element("id", "login-go").click()
         await wait_for(lambda: page.find_elements("id", "login-error"), 20, "the wrong token refused")
@@ -171,6 +172,11 @@ async def test_console_in_a_browser_matches_the_stats_and_acts(bootstrap: str, w
             "the page to load its figures",
         )
         assert not _js(page, "return document.getElementById('logout').hidden")
+        # the page's script and styles are files the Content-Security-Policy allows: it ran (above),
+        # its styles apply, and the browser reported no violation
+        assert _js(page, "return getComputedStyle(document.querySelector('header')).display") == "flex"
+        violations = [e["message"] for e in page.get_log("browser") if "Content Security Policy" in e["message"]]
+        assert not violations, violations
 
         # 1. every figure the page shows is the one /delay/stats gives (pending is sampled every
         #    5 s: wait for both to agree)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import unicodedata
+
+from hypothesis import given
+from hypothesis import strategies as st
+
 from delayapp.core.ladder import Ladder
 from delayapp.core.planner import Hop, Planner
-from delayapp.faustapp.render import plan_text, relative, status_lines, table, truncate
+from delayapp.faustapp.render import plan_text, printable, relative, status_lines, table, truncate
 
 NOW = 1_795_000_000_000  # 2026-11-18T11:06:40Z
 
@@ -56,3 +61,26 @@ def test_status_lines() -> None:
     assert "where       delayapp.delay.30s" in status_lines({**state, "partition": None, "offset": None}, NOW)
     assert "next awake  2026-11-18T11:07:10.000Z (in 30s)" in lines
     assert "reason      -" in lines
+
+
+HOSTILE = "paid\x1b[2J\x1b]0;pwned\x07\r\nfake line\u202eevil\x00\x9b31m"
+
+
+def test_kafka_sourced_text_is_printed_with_its_control_characters_escaped() -> None:
+    shown = printable(HOSTILE)
+    assert shown == "paid\\x1b[2J\\x1b]0;pwned\\x07\\r\\nfake line\\u202eevil\\x00\\x9b31m"
+    assert printable("plain text, ünïcode, 日本") == "plain text, ünïcode, 日本"
+    # a cancel reason and a dead letter's reason and detail, as the CLI prints them
+    state = {"record_id": "r\x1b[1m", "status": "cancelled", "cancel": {"by": "ops\x07", "reason": HOSTILE}}
+    listed = table(("REASON", "DETAIL"), [("target-not-allowed\x1b[8m", truncate(HOSTILE, 80))])
+    for text in ("\n".join(status_lines(state, NOW)), listed):
+        assert not any(ord(c) < 32 and c != "\n" or 0x7F <= ord(c) <= 0x9F or c == "\u202e" for c in text), text
+    assert len(listed.splitlines()) == 2  # a newline in a detail does not make a row
+
+
+@given(st.text())
+def test_printable_leaves_no_control_character(text: str) -> None:
+    shown = printable(text)
+    bidi = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+    assert not any(unicodedata.category(c) == "Cc" or c in bidi for c in shown)
+    assert all(c in shown for c in text if unicodedata.category(c)[0] in "LNPS" and c != "\\")

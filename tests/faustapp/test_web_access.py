@@ -118,6 +118,38 @@ async def test_every_view_but_health_refuses_a_request_without_the_read_token(wo
             assert "pending" not in page  # the form, not the console
 
 
+async def test_a_loopback_worker_answers_only_its_own_names_with_the_security_headers(worker: Worker) -> None:
+    url, port = base(worker), worker.env["DELAYAPP_WEB_PORT"]
+    auth = {"Authorization": f"Bearer {READ}"}
+    async with aiohttp.ClientSession() as http:
+
+        async def up() -> bool:
+            async with http.get(url + "/health") as response:
+                return response.status in (200, 503)
+
+        await wait_for(up, 60, "the web server")
+        # DNS rebinding: a page of rebound.example resolved to 127.0.0.1 sends its own name
+        for host in (f"rebound.example:{port}", "rebound.example"):
+            async with http.get(url + "/delay/stats", headers={**auth, "Host": host}) as refused:
+                assert refused.status == 421, host
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+            async with http.get(url + "/health", headers={"Host": host}) as ok:
+                assert ok.status in (200, 503), host
+        for path, status, headers in (
+            ("/console", 200, auth),
+            ("/delay/stats", 401, {}),
+            ("/no-such-view", 404, auth),
+            ("/console/console.js", 200, auth),
+            ("/console/console.css", 200, {}),  # open: the login form's styles
+        ):
+            async with http.get(url + path, headers=headers) as response:
+                assert response.status == status, path
+                assert "default-src 'self'" in response.headers["Content-Security-Policy"], path
+                assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"], path
+                assert response.headers["X-Content-Type-Options"] == "nosniff", path
+                assert response.headers["Referrer-Policy"] == "no-referrer", path
+
+
 async def test_login_sets_an_httponly_session_cookie_that_reads(worker: Worker) -> None:
     url = base(worker)
     # a cookie jar that keeps cookies of an IP-address host, as a browser does
@@ -167,5 +199,6 @@ async def test_status_command_carries_the_read_token(bootstrap: str, worker: Wor
     await wait_for(shown, 60, "status to show known-1 delivered", interval=0.5)
     without = await cli(bootstrap, worker.prefix, "status", "known-1", "--url", url)
     assert without.code == 1 and "requires a read token" in without.err and "DELAYAPP_READ_TOKEN" in without.err
-    wrong = await cli(bootstrap, worker.prefix, "status", "known-1", "--url", url, DELAYAPP_READ_TOKEN="nope")
+    wrong_token = "nope-not-the-read-token"
+    wrong = await cli(bootstrap, worker.prefix, "status", "known-1", "--url", url, DELAYAPP_READ_TOKEN=wrong_token)
     assert wrong.code == 1 and "refused this one" in wrong.err

@@ -161,3 +161,15 @@ def test_the_log_a_store_folds_is_recorded_and_adopting_another_forgets_everythi
     assert again.identity() == LogIdentity("cluster-b", "topic-9", 2)
     assert again.stored_partitions() == set() and again.get(0, b"a") is None and again.due_counts([0]) == {}
     again.close()
+
+
+def test_the_store_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    fresh = tmp_path / "state" / "app-worker1"
+    DiskStateStore(fresh, ttl_ms=1_000).close()
+    assert fresh.stat().st_mode & 0o777 == 0o700
+    # a store left world-readable by an earlier version is made private when opened
+    earlier = tmp_path / "earlier"
+    DiskStateStore(earlier, ttl_ms=1_000).close()
+    earlier.chmod(0o755)
+    DiskStateStore(earlier, ttl_ms=1_000).close()
+    assert earlier.stat().st_mode & 0o777 == 0o700

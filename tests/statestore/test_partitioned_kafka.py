@@ -14,7 +14,7 @@ from tests.support.kafka import Worker, producer, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "read-secret-22"
+TOKEN = "read-secret-22-for-tests"  # 16 characters at least
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

@@ -379,7 +379,8 @@ class ChaosRun:
             "DELAYAPP_HEARTBEAT_INTERVAL_MS": str(c.session_timeout_ms // 4),
             "DELAYAPP_PROCESSING_GUARANTEE": c.guarantee,
             "DELAYAPP_INSTANCE_ID": f"{self.prefix}-slot{slot}",
-            "DELAYAPP_ALLOWED_TARGETS": f"{self.prefix}-out-*",
+            # named exactly: <app_id>-* is the Faust app's lane, which no pattern reaches
+            "DELAYAPP_ALLOWED_TARGETS": ",".join(self.targets),
             "DELAYAPP_MAX_DELAY": "1h",
             "DELAYAPP_AUDIT_HOPS": "true",  # every hop in the read model: a lost record's last place is known
             **embedded_broker_env(c.broker),
