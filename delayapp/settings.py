@@ -38,6 +38,7 @@ DURATION_FIELDS = (
     "emit_timeout",
     "commit_interval",
     "ready_threshold",
+    "session_lifetime",
     "retired_quiet",
 )
 
@@ -315,6 +316,24 @@ class Settings(BaseSettings):
         description="when set, every web view but /health requires it as a bearer token or through the console's "
         "login form (console, stats, records, policies, metrics, Faust's /router and /table; "
         "the API token reads too); unset = reads are open",
+    )
+    session_lifetime: int = Field(
+        12 * 3_600_000,
+        gt=0,
+        description="how long a console session (the cookie POST /login sets) lasts after login (duration); "
+        "/logout ends it sooner on the worker that serves it, a new read token on every worker",
+    )
+    login_failures: int = Field(
+        5,
+        ge=1,
+        description="wrong tokens POST /login accepts from one client address in a minute; "
+        "then it answers 429 with Retry-After until the oldest of them is a minute old",
+    )
+    trust_forwarded: bool = Field(
+        False,
+        description="believe the X-Forwarded-Proto and X-Forwarded-For of the TLS proxy in front of the web "
+        "server (the session cookie is then Secure behind it; login limits and the audit name the client "
+        "it forwards); only when every request comes through that proxy",
     )
     on_malformed_record: OnMalformed = Field(
         OnMalformed.SKIP,

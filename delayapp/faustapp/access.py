@@ -16,8 +16,15 @@ The guard is an aiohttp middleware, so it covers delayapp's views and Faust's ow
 ``/table``, ``/``) alike, and any view added later. The write views still need the API token
 itself on top (:mod:`delayapp.faustapp.views`).
 
-The cookie holds an HMAC of the read token, not the token: a stolen cookie is not the bearer
-token scripts use, and changing the token ends every session.
+A session (:class:`Sessions`) ends: the cookie holds its issue time and a random session id,
+signed with a key derived from the read token (never the token itself: a stolen cookie is not
+the bearer token scripts use), and is refused once older than ``DELAYAPP_SESSION_LIFETIME``.
+``/logout`` revokes its session id on the worker that serves it (:class:`Revocations`, per
+worker; changing the read token ends every session on every worker at once). The cookie is
+``Secure`` over HTTPS, and behind a TLS proxy when ``DELAYAPP_TRUST_FORWARDED`` lets this
+worker believe the proxy's ``X-Forwarded-Proto``. ``POST /login`` is rate-limited per client
+address (:class:`LoginLimiter`): after ``DELAYAPP_LOGIN_FAILURES`` wrong tokens in a minute,
+429 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -26,11 +33,16 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import math
+import secrets
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from html import escape
 from urllib.parse import urlsplit
 
 from aiohttp import web
+
+from delayapp.core.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -40,29 +52,186 @@ LOGOUT_PATH = "/logout"
 STYLESHEET_PATH = "/console/console.css"  # the console's and the login form's styles
 #: Paths any request reaches: the liveness probe, and the login form a browser needs to get in (and its styles).
 OPEN_PATHS = frozenset({"/health", "/ready", LOGIN_PATH, LOGOUT_PATH, STYLESHEET_PATH})  # probes carry no token
-# Session cookies last as long as a working day; the token itself never expires.
-COOKIE_MAX_AGE_S = 12 * 3600
+#: A session's default lifetime: a working day (``DELAYAPP_SESSION_LIFETIME``); the token itself never expires.
+SESSION_LIFETIME_MS = 12 * 3600 * 1000
+#: How far in the future an issue time may lie (another worker's clock running ahead).
+CLOCK_SKEW_MS = 60_000
+#: Session ids a worker remembers as logged out (each until its session would have expired anyway).
+MAX_REVOKED = 10_000
+#: Client addresses whose recent login failures a worker remembers.
+MAX_CLIENTS = 10_000
+LOGIN_WINDOW_MS = 60_000
+_SESSION_VERSION = "v1"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Clock = Callable[[], int]
 
 
-def session_value(read_token: str) -> str:
-    """The cookie value a browser holds once logged in: an HMAC of the read token."""
-    return hmac.new(read_token.encode(), b"delayapp console session", hashlib.sha256).hexdigest()
+def session_key(read_token: str) -> bytes:
+    """The key sessions are signed with: derived from the read token, for this use only (domain
+    separated), so a cookie's MAC is no MAC of anything else the token signs."""
+    return hmac.new(read_token.encode(), b"delayapp console session key v1", hashlib.sha256).digest()
 
 
 def _same(given: str, wanted: str) -> bool:
     return hmac.compare_digest(given.encode(), wanted.encode())
 
 
+def fingerprint(secret: str) -> str:
+    """A short, one-way name of a credential for logs and the audit stream (never the secret)."""
+    return hashlib.sha256(secret.encode()).hexdigest()[:12]
+
+
+class Sessions:
+    """Issues and checks session cookies: ``v1.<issued ms>.<session id>.<HMAC>``, valid for
+    ``lifetime_ms`` after they were issued (pure: the clock is given)."""
+
+    def __init__(self, read_token: str, *, lifetime_ms: int = SESSION_LIFETIME_MS, clock: Clock = now_ms) -> None:
+        self._key = session_key(read_token)
+        self.lifetime_ms = lifetime_ms
+        self.clock = clock
+
+    def _mac(self, issued: int, session_id: str) -> str:
+        message = f"{_SESSION_VERSION}.{issued}.{session_id}".encode()
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def issue(self, session_id: str | None = None) -> str:
+        """A new session's cookie value, issued now (a random session id unless given)."""
+        sid = session_id or secrets.token_urlsafe(16)  # urlsafe: no "." in it
+        issued = self.clock()
+        return f"{_SESSION_VERSION}.{issued}.{sid}.{self._mac(issued, sid)}"
+
+    def parse(self, value: str) -> tuple[str, int] | None:
+        """(session id, issue time) of a cookie this worker's key signed and that has not yet
+        expired, else None (forged, altered, expired, issued in the future, or of an older format)."""
+        parts = value.split(".")
+        if len(parts) != 4 or parts[0] != _SESSION_VERSION or not parts[1].isascii() or not parts[1].isdigit():
+            return None
+        issued, sid, mac = int(parts[1]), parts[2], parts[3]
+        if not sid or not _same(mac, self._mac(issued, sid)):
+            return None
+        age = self.clock() - issued
+        if age > self.lifetime_ms or age < -CLOCK_SKEW_MS:
+            return None
+        return sid, issued
+
+
+class Revocations:
+    """The session ids logged out on this worker, each until its session would have expired
+    anyway; at most ``limit`` (when full, the one expiring first is forgotten first)."""
+
+    def __init__(self, limit: int = MAX_REVOKED) -> None:
+        self.limit = limit
+        self._until: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def revoke(self, session_id: str, until: int, now: int) -> None:
+        """Refuse ``session_id`` until ``until`` (epoch ms)."""
+        if session_id not in self._until and len(self._until) >= self.limit:
+            self._until = {sid: t for sid, t in self._until.items() if t > now}
+            while len(self._until) >= self.limit:
+                del self._until[min(self._until, key=self._until.__getitem__)]
+        self._until[session_id] = until
+
+    def revoked(self, session_id: str, now: int) -> bool:
+        """True while ``session_id`` is logged out."""
+        until = self._until.get(session_id)
+        if until is None:
+            return False
+        if until <= now:
+            del self._until[session_id]
+            return False
+        return True
+
+
+class LoginLimiter:
+    """Wrong tokens posted to ``/login`` per client address: once ``failures`` failed within
+    ``window_ms``, further attempts are refused until the oldest of them leaves the window
+    (pure: times are given). Remembers at most ``max_clients`` addresses."""
+
+    def __init__(self, failures: int = 5, window_ms: int = LOGIN_WINDOW_MS, max_clients: int = MAX_CLIENTS) -> None:
+        self.failures = failures
+        self.window_ms = window_ms
+        self.max_clients = max_clients
+        self._failed: dict[str, deque[int]] = {}
+
+    def _recent(self, client: str, now: int) -> deque[int] | None:
+        times = self._failed.get(client)
+        if times is None:
+            return None
+        while times and times[0] <= now - self.window_ms:
+            times.popleft()
+        if not times:
+            del self._failed[client]
+            return None
+        return times
+
+    def retry_after_ms(self, client: str, now: int) -> int:
+        """0 when ``client`` may try to log in now, else how long it must wait."""
+        times = self._recent(client, now)
+        if times is None or len(times) < self.failures:
+            return 0
+        return times[-self.failures] + self.window_ms - now
+
+    def failed(self, client: str, now: int) -> None:
+        """Count a wrong token from ``client``."""
+        if client not in self._failed and len(self._failed) >= self.max_clients:
+            for other in list(self._failed):
+                self._recent(other, now)
+            if len(self._failed) >= self.max_clients:  # still full: forget the longest quiet
+                del self._failed[min(self._failed, key=lambda c: self._failed[c][-1])]
+        self._failed.setdefault(client, deque(maxlen=self.failures)).append(now)
+
+    def succeeded(self, client: str) -> None:
+        """Forget ``client``'s failures: it knows the token."""
+        self._failed.pop(client, None)
+
+
+def _last_forwarded(request: web.Request, name: str) -> str:
+    # the last value: the one the proxy in front of this worker added (earlier ones came from the client)
+    return request.headers.get(name, "").rsplit(",", 1)[-1].strip()
+
+
+def is_https(request: web.Request, trust_forwarded: bool = False) -> bool:
+    """True when the browser reached the worker over HTTPS: the request itself, or (trusting
+    the proxy in front) its ``X-Forwarded-Proto``."""
+    return request.secure or (trust_forwarded and _last_forwarded(request, "X-Forwarded-Proto").lower() == "https")
+
+
+def client_address(request: web.Request, trust_forwarded: bool = False) -> str:
+    """The caller's address: the peer's, or (trusting the proxy in front) the last entry of
+    ``X-Forwarded-For``, which that proxy appended."""
+    forwarded = _last_forwarded(request, "X-Forwarded-For") if trust_forwarded else ""
+    return forwarded or request.remote or "unknown"
+
+
 class ReadGuard:
     """Decides whether a request may read; ``read_token`` None means reads are open.
 
-    ``also_accepted`` are further tokens valid as bearer tokens for reads (the API token)."""
+    ``also_accepted`` are further tokens valid as bearer tokens for reads (the API token).
+    Sessions last ``session_lifetime_ms``; ``trust_forwarded`` believes the proxy's
+    ``X-Forwarded-Proto`` and ``X-Forwarded-For``; ``login_failures`` wrong tokens a minute
+    from one client address are allowed before ``/login`` answers 429."""
 
-    def __init__(self, read_token: str | None, also_accepted: Iterable[str | None] = ()) -> None:
+    def __init__(
+        self,
+        read_token: str | None,
+        also_accepted: Iterable[str | None] = (),
+        *,
+        session_lifetime_ms: int = SESSION_LIFETIME_MS,
+        trust_forwarded: bool = False,
+        login_failures: int = 5,
+        clock: Clock = now_ms,
+    ) -> None:
         self.read_token = read_token or None
         self.tokens = tuple(t for t in (read_token, *also_accepted) if t)
+        self.sessions = Sessions(read_token, lifetime_ms=session_lifetime_ms, clock=clock) if read_token else None
+        self.revocations = Revocations()
+        self.limiter = LoginLimiter(failures=login_failures)
+        self.trust_forwarded = trust_forwarded
+        self.clock = clock
 
     @property
     def enabled(self) -> bool:
@@ -74,6 +243,17 @@ class ReadGuard:
         # compare against every token, without stopping early, in constant time each
         return bool(token) and sum(_same(token, t) for t in self.tokens) > 0
 
+    def session(self, request: web.Request) -> tuple[str, int] | None:
+        """(session id, issue time) of the request's session cookie while it is valid: signed
+        here, younger than the lifetime, not logged out on this worker."""
+        cookie = request.cookies.get(COOKIE, "")
+        if not cookie or self.sessions is None:
+            return None
+        found = self.sessions.parse(cookie)
+        if found is None or self.revocations.revoked(found[0], self.clock()):
+            return None
+        return found
+
     def allows(self, request: web.Request) -> bool:
         """True when ``request`` may read: open path, reads open, bearer token or session cookie."""
         if not self.enabled or request.path in OPEN_PATHS:
@@ -81,9 +261,11 @@ class ReadGuard:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() == "bearer" and self.token_accepted(given.strip()):
             return True
-        cookie = request.cookies.get(COOKIE, "")
-        assert self.read_token is not None
-        return bool(cookie) and _same(cookie, session_value(self.read_token))
+        return self.session(request) is not None
+
+    def client(self, request: web.Request) -> str:
+        """The caller's address (:func:`client_address`, trusting the proxy as configured)."""
+        return client_address(request, self.trust_forwarded)
 
     def refusal(self, request: web.Request) -> web.Response:
         """401: the login form for a browser asking for a page, a JSON error for everything else."""
@@ -108,29 +290,47 @@ class ReadGuard:
 
     async def login(self, request: web.Request) -> web.Response:
         """``POST /login`` (form field ``token``, optional ``next``): set the session cookie and
-        go to ``next`` (the console by default); the form again, 401, for a wrong token."""
+        go to ``next`` (the console by default); the form again, 401, for a wrong token; 429 with
+        ``Retry-After`` once the client's address failed too often in the last minute."""
         form = await request.post()
         token, wanted = str(form.get("token") or ""), safe_next(str(form.get("next") or ""))
-        if not self.enabled:
+        if not self.enabled or self.sessions is None:
             return see_other(wanted)
+        client, now = self.client(request), self.clock()
+        wait_ms = self.limiter.retry_after_ms(client, now)
+        if wait_ms > 0:  # even the right token: otherwise guessing goes on, just unanswered
+            log.warning("login from %s refused: too many wrong tokens", client)
+            return login_page(
+                next_path=wanted,
+                status=429,
+                message="too many wrong tokens: try again later",
+                headers={"Retry-After": str(max(1, math.ceil(wait_ms / 1000)))},
+            )
         if not self.token_accepted(token):
+            self.limiter.failed(client, now)
+            log.warning("login from %s: wrong token", client)
             return login_page(next_path=wanted, status=401, message="wrong token")
-        assert self.read_token is not None
+        self.limiter.succeeded(client)
         response = see_other(wanted)
         response.set_cookie(
             COOKIE,
-            session_value(self.read_token),
-            max_age=COOKIE_MAX_AGE_S,
+            self.sessions.issue(),
+            max_age=self.sessions.lifetime_ms // 1000,
             httponly=True,
             samesite="Strict",
-            secure=request.secure or None,  # over plain HTTP a Secure cookie would never come back
+            # over plain HTTP a Secure cookie would never come back
+            secure=is_https(request, self.trust_forwarded) or None,
             path="/",
         )
         return response
 
-    @staticmethod
-    def logout(request: web.Request) -> web.Response:
-        """``/logout``: forget the session cookie, back to the login form."""
+    def logout(self, request: web.Request) -> web.Response:
+        """``/logout``: end the session on this worker (its id is refused here until it would
+        have expired) and forget the browser's cookie; back to the login form."""
+        found = self.session(request)
+        if found is not None and self.sessions is not None:
+            session_id, issued = found
+            self.revocations.revoke(session_id, issued + self.sessions.lifetime_ms + CLOCK_SKEW_MS, self.clock())
         response = see_other(LOGIN_PATH)
         response.del_cookie(COOKIE, path="/")
         return response
@@ -228,7 +428,9 @@ def safe_next(path: str) -> str:
     return path
 
 
-def login_page(next_path: str = "/console", status: int = 200, message: str = "") -> web.Response:
+def login_page(
+    next_path: str = "/console", status: int = 200, message: str = "", headers: dict[str, str] | None = None
+) -> web.Response:
     """The console's login form: one password field, posted to ``/login``."""
     # no inline style: the Content-Security-Policy allows none (the stylesheet is an open path)
     note = f'<p id="login-error">{escape(message)}</p>' if message else ""
@@ -241,4 +443,6 @@ def login_page(next_path: str = "/console", status: int = 200, message: str = ""
 <input type="hidden" name="next" value="{escape(safe_next(next_path))}">
 <input type="password" id="login-token" name="token" autocomplete="current-password" autofocus>
 <input type="submit" id="login-go" value="Log in"></form></body></html>"""
-    return web.Response(text=body, status=status, content_type="text/html", headers={"Cache-Control": "no-store"})
+    return web.Response(
+        text=body, status=status, content_type="text/html", headers={"Cache-Control": "no-store", **(headers or {})}
+    )

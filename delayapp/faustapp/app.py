@@ -42,6 +42,9 @@ MALFORMED_RECORDS.stop = settings.on_malformed_record is OnMalformed.STOP
 read_guard = ReadGuard(
     settings.read_token.get_secret_value() if settings.read_token else None,
     also_accepted=[settings.api_token.get_secret_value() if settings.api_token else None],
+    session_lifetime_ms=settings.session_lifetime,
+    trust_forwarded=settings.trust_forwarded,
+    login_failures=settings.login_failures,
 )
 
 

@@ -16,17 +16,27 @@ from typing import Any
 from urllib.parse import quote
 
 import orjson
+from aiokafka.errors import KafkaError
 from faust.web import Request, Response, View
 
 from delayapp.client import cancel
-from delayapp.core.audit import RecordStatus
+from delayapp.core.audit import RecordStatus, audit_record_values, requested
 from delayapp.core.cancel import CancelRequest, applies_to
+from delayapp.core.clock import now_ms
 from delayapp.core.durations import parse_duration
 from delayapp.core.replay import ReplayFilter
 from delayapp.engine.health import waiting_for, wedged
 from delayapp.errors import ConfigError
 from delayapp.faustapp import http_bodies as api
-from delayapp.faustapp.access import LOGIN_PATH, LOGOUT_PATH, STYLESHEET_PATH, login_page, safe_next, see_other
+from delayapp.faustapp.access import (
+    LOGIN_PATH,
+    LOGOUT_PATH,
+    STYLESHEET_PATH,
+    fingerprint,
+    login_page,
+    safe_next,
+    see_other,
+)
 from delayapp.faustapp.app import app, layout, read_guard, settings
 from delayapp.faustapp.console_feed import ConsoleFeed
 from delayapp.ops.dead_letters import replay_dead_letters
@@ -60,13 +70,29 @@ def _refuse(view: View, problem: _Problem) -> Response:
     return view.json({"error": str(problem)}, status=problem.status)
 
 
-def _authorise(request: Request) -> None:
+def _authorise(request: Request) -> str:
+    """Who may write: the API token's bearer, named (for the audit stream) by the token's
+    fingerprint, never the token, and the client's address."""
     token = settings.api_token.get_secret_value() if settings.api_token else ""
     if not token:
         raise _Problem(403, "the write API is off: set DELAYAPP_API_TOKEN to enable it")
     given = request.headers.get("Authorization", "")
     if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
         raise _Problem(401, "missing or wrong bearer token")
+    return f"api-token:{fingerprint(token)} from {read_guard.client(request)}"  # type: ignore[arg-type]
+
+
+async def _record_calls(producer: Any, calls: list[Any]) -> None:
+    """Write the events of write calls (:func:`delayapp.core.audit.requested`) to the audit
+    stream, one a line (nothing while the audit stream is off). Schedule and cancel record theirs
+    before they act, so no call acts unrecorded: a call whose record cannot be written is refused (503)."""
+    if not calls or not settings.audit_enabled:
+        return
+    try:
+        for value in audit_record_values([call.encode(None, None, None) for call in calls]):
+            await producer.send_and_wait(layout.audit, value)
+    except (KafkaError, OSError, TimeoutError) as exc:  # refused, or the broker is away: the call does not go ahead
+        raise _Problem(503, f"could not record the call on {layout.audit}: {exc}") from None
 
 
 async def _json_body(request: Request) -> Any:
@@ -240,11 +266,12 @@ class Cancel(View):
 
     async def post(self, request: Request, record_id: str) -> Response:
         try:
-            _authorise(request)
+            by = _authorise(request)
             # faust declares can_read_body a method; the aiohttp request views get has it as a property
             body = await _json_body(request) if request.can_read_body else {}  # type: ignore[truthy-function]
             reason = str(body.get("reason") or "") if isinstance(body, dict) else ""
             producer = await _engine().api_producer()
+            await _record_calls(producer, [requested(record_id, at=now_ms(), call="cancel", by=by)])
             cancelled_at = await cancel(
                 producer, record_id, cancel_topic=layout.cancellations, reason=reason, by="http"
             )
@@ -261,12 +288,14 @@ class Schedule(View):
 
     async def post(self, request: Request) -> Response:
         try:
-            _authorise(request)
+            by = _authorise(request)
             try:
                 wanted = api.parse_schedule(await _json_body(request), max_delay_ms=settings.max_delay)
             except api.RequestError as exc:
                 raise _Problem(400, str(exc)) from None
             producer = await _engine().api_producer()
+            call = "schedule (replace)" if wanted.replace else "schedule"
+            await _record_calls(producer, [requested(wanted.record_id, at=now_ms(), call=call, by=by)])
             headers = wanted.headers
             if wanted.replace:
                 await cancel(
@@ -313,10 +342,22 @@ class ReplayDeadLetters(View):
 
     async def post(self, request: Request) -> Response:
         try:
-            _authorise(request)
+            by = _authorise(request)
             keys, delay_ms = replay_request(await _json_body(request))
+            at = now_ms()
             report = await replay_dead_letters(
                 settings, layout, ReplayFilter(), keys=keys, delay_ms=delay_ms, by="http"
+            )
+            # the record ids are known once the dead letters are read: recorded after the replay
+            await _record_calls(
+                await _engine().api_producer(),
+                [
+                    # a dead letter without a record id is named by its key (also in source)
+                    requested(
+                        d.info.record_id or d.marker_key, at=at, call="replay", by=by, target=where, source=d.marker_key
+                    )
+                    for d, where in report.replayed
+                ],
             )
         except _Problem as problem:
             return _refuse(self, problem)

@@ -24,6 +24,7 @@ from delayapp.core.audit import (
     audit_seq,
     delivered,
     is_final,
+    requested,
     step_order,
     waiting,
 )
@@ -73,7 +74,10 @@ def test_the_json_is_the_wire_format_existing_topics_hold() -> None:
 
 
 def test_the_declared_fields_are_the_json_fields_in_order() -> None:
-    assert [name for name, _ in WIRE_FIELDS] == list(orjson.loads(FULL.encode("t", 0, 0)))
+    """A write call's event holds every field; a step's holds all but ``by`` (its bytes as before the field)."""
+    call = requested("r-1", at=5, call="cancel", by="api-token:abc from 10.0.0.1")
+    assert [name for name, _ in WIRE_FIELDS] == list(orjson.loads(call.encode(None, None, None)))
+    assert [name for name, _ in WIRE_FIELDS if name != "by"] == list(orjson.loads(FULL.encode("t", 0, 0)))
     types = dict(WIRE_FIELDS)
     assert (types["status"], types["priority"], types["retries"], types["at"]) == (
         WireType.TEXT,
@@ -82,7 +86,37 @@ def test_the_declared_fields_are_the_json_fields_in_order() -> None:
         WireType.INT64,
     )
     assert {types["partition"], types["hops"]} == {WireType.INT32} and types["offset"] is WireType.INT64
-    assert set(READ_MODEL_FIELDS) == set(types) - {"source"}
+    assert set(READ_MODEL_FIELDS) == set(types) - {"source", "by"} and types["by"] is WireType.TEXT
+
+
+def test_a_write_call_is_recorded_with_its_caller_and_time() -> None:
+    """Issue 37: schedule, cancel and replay on the audit stream, naming who called and when."""
+    call = requested(
+        "r-9", at=1_000, call="schedule", by="api-token:0123abcd from 10.1.2.3", target="orders", due=61_000
+    )
+    assert orjson.loads(call.encode(None, None, None)) == {
+        "record_id": "r-9",
+        "status": "requested",
+        "at": 1_000,
+        "seq": 1_000,
+        "retries": 0,
+        "hops": 0,
+        "target": "orders",
+        "awake_at": None,
+        "reactivate_at": 61_000,
+        "lateness_ms": None,
+        "reason": "schedule",
+        "source": None,
+        "priority": False,
+        "throttled_until": None,
+        "delayed_at": None,
+        "replays": 0,
+        "by": "api-token:0123abcd from 10.1.2.3",
+        "topic": None,
+        "partition": None,
+        "offset": None,
+    }
+    assert call.status not in FINAL and not is_final(orjson.loads(call.encode(None, None, None)))
 
 
 def test_a_status_word_becomes_the_member_and_an_unknown_one_is_refused() -> None:
@@ -93,11 +127,11 @@ def test_a_status_word_becomes_the_member_and_an_unknown_one_is_refused() -> Non
 
 
 def test_the_contract_round_trips_into_the_read_model() -> None:
-    """dataclass -> JSON -> read-model merge: the state is the event's fields (but source) and its location."""
+    """dataclass -> JSON -> read-model merge: the state is the event's fields (but source and by) and its location."""
     store = RecordStateStore(ttl_ms=1_000)
     assert store.apply(b"r-1", FULL.encode("orders", 2, 42))
     expected = {**dataclasses.asdict(FULL), "topic": "orders", "partition": 2, "offset": 42}
-    del expected["source"]
+    del expected["source"], expected["by"]
     state = store.get(b"r-1")
     assert state == expected and list(state) == list(READ_MODEL_FIELDS)
     assert state["status"] is not RecordStatus.DELIVERED and state["status"] == RecordStatus.DELIVERED  # a bare word
@@ -128,7 +162,7 @@ def test_steps_order_by_retries_then_hops_then_stage_and_final_outranks_waiting(
     stages = [audit_seq(2, 5, status) for status in RecordStatus]
     assert stages == sorted(stages) and len(set(stages)) == len(stages)
     assert audit_seq(0, 9, RecordStatus.DELIVERED) < audit_seq(1, 1, RecordStatus.WAITING)
-    assert set(RecordStatus) - {RecordStatus.WAITING} == FINAL
+    assert set(RecordStatus) - {RecordStatus.WAITING, RecordStatus.REQUESTED} == FINAL
     copy = {"status": "waiting", "retries": 2, "seq": audit_seq(2, 6, RecordStatus.WAITING)}
     redo = {"status": "delivered", "retries": 2, "seq": audit_seq(2, 5, RecordStatus.DELIVERED)}
     assert step_order(redo) > step_order(copy)
@@ -160,7 +194,8 @@ def test_every_status_the_engine_writes_is_a_record_status() -> None:
         step("too-far", reactivate_at=NOW + 86_400_000),
         step("gone", reactivate_at=NOW + 9_000),
     ]
-    assert written == list(RecordStatus) and all(type(status) is RecordStatus for status in written)
+    steps = [status for status in RecordStatus if status is not RecordStatus.REQUESTED]  # a call, not a step
+    assert written == steps and all(type(status) is RecordStatus for status in written)
 
 
 @given(

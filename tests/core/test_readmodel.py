@@ -169,9 +169,11 @@ def test_a_tick_looks_at_no_more_than_its_limit_however_large_the_table() -> Non
     assert index.due(current, now_ms=10**9, ttl_ms=TTL, limit=1_000) == [] and len(looked) == 1_000
 
 
+# the statuses a state takes (a write call's "requested" is on the audit stream only)
+STATE_STATUSES = [status for status in RecordStatus if status is not RecordStatus.REQUESTED]
 steps = st.lists(
     st.one_of(
-        st.tuples(st.just("write"), st.integers(0, 7), st.sampled_from(list(RecordStatus)), st.integers(0, 3)),
+        st.tuples(st.just("write"), st.integers(0, 7), st.sampled_from(STATE_STATUSES), st.integers(0, 3)),
         st.tuples(st.just("tick"), st.integers(1, 3)),
     ),
     max_size=60,

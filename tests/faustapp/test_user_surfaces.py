@@ -206,6 +206,21 @@ async def test_cancelled_records_are_never_delivered_and_updates_replace(bootstr
         30,
         "loops to drop the cancelled records",
     )
+
+    # every write call is on the audit stream, with who made it and when (issue 37)
+    def recorded_calls() -> dict:
+        return {
+            (event["record_id"], event["reason"]): event
+            for r in collector.on(f"{worker.prefix}.audit")
+            for event in audit_record_events(r.value)
+            if event["status"] == "requested"
+        }
+
+    wanted_calls = {("cx-http", "cancel"), ("cx-update", "schedule (replace)")}
+    calls = await wait_for(lambda: (c := recorded_calls()).keys() >= wanted_calls and c, 30, "the calls' audit events")
+    for call in wanted_calls:
+        assert calls[call]["by"].startswith("api-token:") and calls[call]["by"].endswith(" from 127.0.0.1")
+        assert TOKEN not in calls[call]["by"] and calls[call]["at"] > 0
     await wait_for(
         lambda: {r.value for r in collector.on(target)} >= {b"control", b"new"}, 30, "the control and the update"
     )

@@ -17,7 +17,7 @@ import pytest
 
 from delayapp.client import schedule
 from delayapp.core.clock import now_ms
-from delayapp.faustapp.access import COOKIE, safe_next, session_value
+from delayapp.faustapp.access import COOKIE, safe_next
 from tests.faustapp.test_commands_kafka import cli
 from tests.support.kafka import Worker, create_topics, producer, unique, wait_for
 
@@ -164,7 +164,8 @@ async def test_login_sets_an_httponly_session_cookie_that_reads(worker: Worker) 
             assert response.status == 303 and response.headers["Location"] == "/delay/stats"
             cookie = response.cookies[COOKIE]
             assert cookie["httponly"] and cookie["samesite"] == "Strict"
-            assert cookie.value == session_value(READ) and READ not in cookie.value
+            assert cookie.value.startswith("v1.") and READ not in cookie.value  # signed issue time and id
+            assert cookie["max-age"] == str(12 * 3600)  # DELAYAPP_SESSION_LIFETIME's default
         for path in ("/console/data", "/delay/policies", "/console"):
             async with http.get(url + path) as read:
                 assert read.status in (200, 503), path
@@ -172,6 +173,9 @@ async def test_login_sets_an_httponly_session_cookie_that_reads(worker: Worker) 
             assert out.status == 303
         async with http.get(url + "/delay/policies") as after:
             assert after.status == 401
+        # a copy of the cookie kept elsewhere no longer reads either: the worker ended the session
+        async with http.get(url + "/delay/policies", headers={"Cookie": f"{COOKIE}={cookie.value}"}) as copy:
+            assert copy.status == 401
 
 
 def test_login_redirects_only_within_the_server() -> None:
