@@ -28,7 +28,9 @@ def parse_duration(text: str | int) -> int:
     if isinstance(text, int):
         if text < 0:
             raise ConfigError(f"duration must not be negative: {text}")
-        return text
+        if text > INT64_MAX:  # a JSON integer has no bound: past 64 bits no header can carry it
+            raise ConfigError(f"duration out of range: {text} ms")
+        return int(text)  # True is an int too: give callers a plain int
     compact = text.strip().replace(" ", "").lower()
     if compact.isdigit():  # also true for "²": parse_int refuses what int() cannot read
         try:

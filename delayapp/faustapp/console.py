@@ -16,6 +16,7 @@ from typing import Any
 
 from delayapp.core.audit import RecordStatus
 from delayapp.core.durations import format_duration
+from delayapp.core.numbers import INT64_MAX, json_int
 from delayapp.engine.stats import percentile
 
 SECOND, MINUTE, HOUR, DAY = 1_000, 60_000, 3_600_000, 86_400_000
@@ -71,6 +72,24 @@ def due_histogram_counts(
                 totals[n] += count
                 break
     return [{"label": due_label(lo, up), "count": c} for (lo, up), c in zip(bounds, totals)]
+
+
+def peer_due_counts(body: Any, *, partitions: int) -> tuple[dict[int, int], set[int]] | None:
+    """A peer's ``/delay/states/due`` answer checked: its due counts (bucket start → records, both
+    64-bit integers, counts not negative) and the partitions it has read (each below ``partitions``);
+    None when any of it is not so (a peer's answer is never trusted in part)."""
+    if not isinstance(body, dict) or not isinstance(body.get("due"), dict) or not isinstance(body.get("ready"), list):
+        return None
+    due: dict[int, int] = {}
+    for bucket, count in body["due"].items():
+        start, records = json_int(bucket), json_int(count, lo=0, hi=INT64_MAX)
+        if start is None or records is None:
+            return None
+        due[start] = due.get(start, 0) + records
+    ready = {json_int(p, lo=0, hi=partitions - 1) for p in body["ready"]}
+    if None in ready:
+        return None
+    return due, {p for p in ready if p is not None}
 
 
 def lateness_figures(values: Iterable[int]) -> dict[str, Any]:

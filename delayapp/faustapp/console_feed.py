@@ -25,9 +25,10 @@ from delayapp.core.malformed import NOT_JSON, MalformedRecordError
 from delayapp.core.replay import dead_letter_info, replay_key
 from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.stats import MALFORMED_RECORDS
-from delayapp.faustapp.console import DeadLetterSummary, Head, console_body
+from delayapp.faustapp.console import DeadLetterSummary, Head, console_body, peer_due_counts
 from delayapp.settings import Settings
 from delayapp.statestore.disk import NO_DUE
+from delayapp.statestore.errors import UnusableAnswer
 
 log = logging.getLogger(__name__)
 
@@ -173,10 +174,10 @@ class ConsoleFeed:
         counts: dict[int | None, int] = {}
         answered = set(states.ready)
 
-        def add(due: dict[Any, int]) -> None:
+        def add(due: dict[int, int]) -> None:
             for bucket, count in due.items():
-                key = None if int(bucket) == NO_DUE else int(bucket)
-                counts[key] = counts.get(key, 0) + int(count)
+                key = None if bucket == NO_DUE else bucket
+                counts[key] = counts.get(key, 0) + count
 
         add(states.due_counts(cancels))
         peers = sorted(states.peers())
@@ -185,7 +186,14 @@ class ConsoleFeed:
             if isinstance(answer, BaseException) or answer.status != 200:
                 log.info("console: no due counts from %s (%s)", url, answer)
                 continue
-            body = orjson.loads(answer.body)
-            add(body.get("due", {}))
-            answered.update(body.get("ready", ()))
+            try:  # a peer's answer is read and checked, never taken as it came: its share is left out
+                share = peer_due_counts(answer.json_object(url), partitions=states.partitions)
+            except UnusableAnswer as exc:
+                log.warning("console: %s", exc)
+                continue
+            if share is None:
+                log.warning("console: the worker at %s answered due counts that are not counts", url)
+                continue
+            add(share[0])
+            answered.update(share[1])
         return counts, answered >= set(range(states.partitions))

@@ -5,6 +5,11 @@ needs it: :mod:`delayapp.faustapp.access`); the write views need ``Authorization
 <DELAYAPP_API_TOKEN>`` and answer 403 while no token is configured. Every worker answers ``/delay/records/{id}``:
 from its own store when it owns the id's ``record-states`` partition, else by asking the owner
 (:mod:`delayapp.statestore`), with its read credential.
+
+Bad input is answered with a 4xx and ``{"error": "<what to fix>"}``, never a 500: bodies and
+path parameters are checked by :mod:`delayapp.faustapp.http_bodies` before anything is written,
+and an owner's routed answer is read and re-encoded (:meth:`~delayapp.statestore.remote.Answer.json_object`).
+The 503s say this worker (or the broker, or the owner of a record) cannot answer yet.
 """
 
 from __future__ import annotations
@@ -16,17 +21,15 @@ from typing import Any
 from urllib.parse import quote
 
 import orjson
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from faust.web import Request, Response, View
 
 from delayapp.client import cancel
 from delayapp.core.audit import RecordStatus, audit_record_values, requested
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.clock import now_ms
-from delayapp.core.durations import parse_duration
 from delayapp.core.replay import ReplayFilter
 from delayapp.engine.health import waiting_for, wedged
-from delayapp.errors import ConfigError
 from delayapp.faustapp import http_bodies as api
 from delayapp.faustapp.access import (
     LOGIN_PATH,
@@ -40,10 +43,10 @@ from delayapp.faustapp.access import (
 from delayapp.faustapp.app import app, layout, read_guard, settings
 from delayapp.faustapp.console_feed import ConsoleFeed
 from delayapp.ops.dead_letters import replay_dead_letters
-from delayapp.statestore.errors import OwnerUnreachable
-from delayapp.statestore.remote import ROUTED_HEADER
+from delayapp.statestore.errors import OwnerUnreachable, UnusableAnswer
+from delayapp.statestore.remote import ROUTED_HEADER, Answer
 
-MAX_REPLAY_KEYS = 1_000
+MAX_REPLAY_KEYS = api.MAX_REPLAY_KEYS
 _console = ConsoleFeed(settings=settings, layout=layout)
 
 
@@ -68,6 +71,39 @@ def _cancels() -> Any:
 
 def _refuse(view: View, problem: _Problem) -> Response:
     return view.json({"error": str(problem)}, status=problem.status)
+
+
+def _checked(parse: Any, *args: Any) -> Any:
+    """``parse(*args)`` (an :mod:`~delayapp.faustapp.http_bodies` parser), its RequestError a 400."""
+    try:
+        return parse(*args)
+    except api.RequestError as exc:
+        raise _Problem(400, str(exc)) from None
+
+
+def _broker_refused(exc: KafkaError) -> _Problem:
+    """A write the broker did not take: too large for it (413), else the broker cannot answer (503)."""
+    if isinstance(exc, MessageSizeTooLargeError):
+        return _Problem(413, f"the record is larger than the broker takes ({exc})")
+    return _Problem(503, f"the broker did not take the write ({type(exc).__name__}: {exc})")
+
+
+#: What an owner may answer a routed lookup with; anything else is not served (a 503 naming it).
+ROUTED_STATUSES = frozenset({200, 400, 404, 503})
+
+
+def routed_answer(answer: Answer, url: str) -> tuple[dict[str, Any], int]:
+    """The body and status to give the caller for an owner's answer to a routed lookup: its JSON
+    object re-encoded, an error answer reduced to its reason; :class:`UnusableAnswer` (a 503)
+    for anything a worker does not answer."""
+    body = answer.json_object(url)
+    if answer.status not in ROUTED_STATUSES:
+        raise UnusableAnswer(f"the worker at {url} answered status {answer.status}")
+    if answer.status == 200:
+        if not isinstance(body.get("record_id"), str) or not isinstance(body.get("status"), str):
+            raise UnusableAnswer(f"the worker at {url} answered a body that is not a record's state")
+        return body, 200
+    return {"error": str(body.get("error") or f"the worker at {url} answered {answer.status}")[:1_000]}, answer.status
 
 
 def _authorise(request: Request) -> str:
@@ -210,6 +246,10 @@ class Record(View):
     worker owns it, or the owner has not caught up on it yet)."""
 
     async def get(self, request: Request, record_id: str) -> Response:
+        try:
+            _checked(api.check_record_id, record_id)
+        except _Problem as problem:
+            return _refuse(self, problem)
         states = app.record_states
         where = states.locate(record_id) if states is not None else None
         if states is None or where is None:
@@ -222,9 +262,10 @@ class Record(View):
                 )
             try:
                 answer = await app.states_router.get(where.url, f"/delay/records/{quote(record_id, safe='')}")
-            except OwnerUnreachable as exc:
+                routed, status = routed_answer(answer, where.url)
+            except OwnerUnreachable as exc:  # UnusableAnswer too: the owner's bytes are never served
                 return self.json({"error": str(exc)}, status=503)
-            return self.bytes(answer.body, content_type=answer.content_type, status=answer.status)
+            return self.json(routed, status=status)
         if not where.ready:
             return self.json(
                 {"error": f"the record-states view is still reading partition {where.partition}"}, status=503
@@ -267,14 +308,18 @@ class Cancel(View):
     async def post(self, request: Request, record_id: str) -> Response:
         try:
             by = _authorise(request)
+            _checked(api.check_record_id, record_id)
             # faust declares can_read_body a method; the aiohttp request views get has it as a property
-            body = await _json_body(request) if request.can_read_body else {}  # type: ignore[truthy-function]
-            reason = str(body.get("reason") or "") if isinstance(body, dict) else ""
+            body = await _json_body(request) if request.can_read_body else None  # type: ignore[truthy-function]
+            reason = _checked(api.parse_cancel, body)
             producer = await _engine().api_producer()
             await _record_calls(producer, [requested(record_id, at=now_ms(), call="cancel", by=by)])
-            cancelled_at = await cancel(
-                producer, record_id, cancel_topic=layout.cancellations, reason=reason, by="http"
-            )
+            try:
+                cancelled_at = await cancel(
+                    producer, record_id, cancel_topic=layout.cancellations, reason=reason, by="http"
+                )
+            except KafkaError as exc:
+                raise _broker_refused(exc) from None
         except _Problem as problem:
             return _refuse(self, problem)
         return self.json(
@@ -297,15 +342,18 @@ class Schedule(View):
             call = "schedule (replace)" if wanted.replace else "schedule"
             await _record_calls(producer, [requested(wanted.record_id, at=now_ms(), call=call, by=by)])
             headers = wanted.headers
-            if wanted.replace:
-                await cancel(
-                    producer, wanted.record_id, cancel_topic=layout.cancellations, reason="replaced", by="http"
-                )
-                # A cancel applies to copies that entered the ingress at or before its own append
-                # time (broker ms; delayedAt is never taken from a producer): let that millisecond
-                # pass, so this copy enters after the cancel and is not cancelled by it.
-                await asyncio.sleep(0.002)
-            written = await producer.send_and_wait(layout.ingress, wanted.value, key=wanted.key, headers=headers)
+            try:
+                if wanted.replace:
+                    await cancel(
+                        producer, wanted.record_id, cancel_topic=layout.cancellations, reason="replaced", by="http"
+                    )
+                    # A cancel applies to copies that entered the ingress at or before its own append
+                    # time (broker ms; delayedAt is never taken from a producer): let that millisecond
+                    # pass, so this copy enters after the cancel and is not cancelled by it.
+                    await asyncio.sleep(0.002)
+                written = await producer.send_and_wait(layout.ingress, wanted.value, key=wanted.key, headers=headers)
+            except KafkaError as exc:
+                raise _broker_refused(exc) from None
         except _Problem as problem:
             return _refuse(self, problem)
         return self.json(
@@ -320,19 +368,10 @@ class Schedule(View):
 
 
 def replay_request(body: Any) -> tuple[frozenset[str], int | None]:
-    """The dead letters (marker keys) and optional new delay of a ``POST /delay/dead-letters/replay`` body."""
-    if not isinstance(body, dict) or not isinstance(body.get("keys"), list) or not body["keys"]:
-        raise _Problem(
-            400, 'the body must be {"keys": ["<topic>/<partition>/<offset>", ...], "delay": "30s" (optional)}'
-        )
-    keys = body["keys"]
-    if len(keys) > MAX_REPLAY_KEYS or not all(isinstance(k, str) and k.count("/") >= 2 for k in keys):
-        raise _Problem(400, f"keys: at most {MAX_REPLAY_KEYS} dead letters named <topic>/<partition>/<offset>")
-    delay = body.get("delay")
-    try:
-        return frozenset(keys), None if delay in (None, "") else parse_duration(delay)
-    except (ConfigError, TypeError, ValueError) as exc:
-        raise _Problem(400, f"delay: {exc}") from None
+    """The dead letters (marker keys) and optional new delay of a ``POST /delay/dead-letters/replay``
+    body (:func:`~delayapp.faustapp.http_bodies.parse_replay`); :class:`_Problem` 400 when refused."""
+    result: tuple[frozenset[str], int | None] = _checked(api.parse_replay, body)
+    return result
 
 
 @app.page("/delay/dead-letters/replay")
@@ -344,10 +383,14 @@ class ReplayDeadLetters(View):
         try:
             by = _authorise(request)
             keys, delay_ms = replay_request(await _json_body(request))
+            _engine()  # a worker that is starting does not replay yet (as it does not schedule)
             at = now_ms()
-            report = await replay_dead_letters(
-                settings, layout, ReplayFilter(), keys=keys, delay_ms=delay_ms, by="http"
-            )
+            try:
+                report = await replay_dead_letters(
+                    settings, layout, ReplayFilter(), keys=keys, delay_ms=delay_ms, by="http"
+                )
+            except KafkaError as exc:
+                raise _broker_refused(exc) from None
             # the record ids are known once the dead letters are read: recorded after the replay
             await _record_calls(
                 await _engine().api_producer(),

@@ -20,3 +20,8 @@ class OwnerUnreachable(StateStoreError):
     """The worker owning the record's partition did not answer; retry shortly."""
 
     retriable = True
+
+
+class UnusableAnswer(OwnerUnreachable):
+    """The owner answered, but not with what a worker answers (a JSON object of at most
+    :data:`~delayapp.statestore.remote.MAX_ANSWER_BYTES`): its answer is never passed on."""
