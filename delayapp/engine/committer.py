@@ -443,7 +443,7 @@ class ExactlyOnceCommitter(Committer):
             self._give_up(f"aborting the transaction took over {TRANSACTION_STALL_S:.0f} s")
         except KafkaException as exc:
             log.warning("%s: abort failed (%s)", self.label, exc)
-            error = _kafka_error(exc)
+            error = kafka_error(exc)
             if error is not None and error.fatal():
                 self.failure = exc
 
@@ -519,7 +519,7 @@ class ExactlyOnceCommitter(Committer):
             if ending.commit:
                 self._commit_failed(exc)
             else:
-                self._abort_failed(exc, ending)
+                self._abort_failed(exc)
             return
         self._ending = None
         if ending.logged:
@@ -535,7 +535,7 @@ class ExactlyOnceCommitter(Committer):
     def _commit_failed(self, exc: BaseException) -> None:
         """A commit that failed: a fatal error or one that timed out reopens the loop; anything
         else aborts the transaction (on the ender) and rewinds its partitions once aborted."""
-        error = _kafka_error(exc)
+        error = kafka_error(exc)
         if error is not None and error.fatal():
             raise exc
         if isinstance(exc, EmitTimeout):
@@ -559,7 +559,7 @@ class ExactlyOnceCommitter(Committer):
         future = self._ender.submit(lambda: self.producer.abort_transaction(timeout_s))
         self._ending = _Ending(commit=False, future=future, partitions=partitions)
 
-    def _abort_failed(self, exc: BaseException, ending: _Ending) -> None:
+    def _abort_failed(self, exc: BaseException) -> None:
         """An abort that failed: the producer cannot go on; the loop reopens (its partitions are
         fetched again from their commits by whoever serves them next)."""
         log.warning("%s: aborting the transaction failed (%s); reopening the loop's clients", self.label, exc)
@@ -578,8 +578,8 @@ class ExactlyOnceCommitter(Committer):
         raise self.failure
 
 
-def _kafka_error(exc: BaseException) -> KafkaError | None:
-    """The librdkafka error a KafkaException carries, if any."""
+def kafka_error(exc: BaseException) -> KafkaError | None:
+    """The librdkafka error a KafkaException carries, if any (the loop's and the committer's one reading of it)."""
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0]
     return None

@@ -60,6 +60,7 @@ from delayapp.engine.committer import (
     Committer,
     EmitTimeout,
     ExactlyOnceCommitter,
+    kafka_error,
 )
 from delayapp.engine.handler import Handler
 from delayapp.engine.health import LoopHealth
@@ -345,7 +346,7 @@ class HopLoop(Service):
                 producer.init_transactions(INIT_TRANSACTIONS_SLICE_S)
                 return
             except KafkaException as exc:
-                error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                error = kafka_error(exc)
                 if error is None or not error.retriable() or time.monotonic() >= deadline or self._stopping.is_set():
                     raise
                 self.pass_at_s = time.monotonic()  # waiting for the coordinator is not a wedged loop

@@ -343,7 +343,8 @@ class PartitionedStates(Service):
                 sorted(partitions),
             )
             return
-        why = identity_change(self.store.identity(), facts.identity, has_states=bool(self.store.stored_partitions()))
+        held = self.store.identity()
+        why = identity_change(held, facts.identity, has_states=bool(self.store.stored_partitions()))
         if why is not None:
             log.warning(
                 "record-states: every partition of %s dropped from the store at %s and read again from the log: %s",
@@ -351,7 +352,7 @@ class PartitionedStates(Service):
                 self.store.path,
                 why,
             )
-        if why is not None or self.store.identity() is None:
+        if why is not None or held is None:
             self.store.adopt(facts.identity)
         self.partitions = facts.identity.partitions
         for partition in partitions:
