@@ -7,6 +7,7 @@ Environment variables are ``DELAYAPP_<NAME>`` (``KAFKA_BROKER`` also sets the br
 from __future__ import annotations
 
 import enum
+import hmac
 import ipaddress
 import socket
 import ssl
@@ -39,6 +40,7 @@ DURATION_FIELDS = (
     "commit_interval",
     "ready_threshold",
     "session_lifetime",
+    "peer_replay_window",
     "retired_quiet",
 )
 
@@ -317,6 +319,25 @@ class Settings(BaseSettings):
         "login form (console, stats, records, policies, metrics, Faust's /router and /table; "
         "the API token reads too); unset = reads are open",
     )
+    peer_secret: SecretStr | None = Field(
+        None,
+        description="the secret workers prove to each other that they belong to this deployment with (the same "
+        "on every worker, at least 16 characters, never the API or read token): lookups routed to another "
+        "worker, its answers, the addresses group members advertise and the owner table the group's leader "
+        "hands out are signed with it; unset = a worker answers only for the records it owns (503 for the rest)",
+    )
+    peer_urls: str = Field(
+        "",
+        description="comma-separated shell patterns over scheme://host:port that other workers' addresses must "
+        "match before this one asks them anything (e.g. 'https://delay-*.delay.svc:6066'); "
+        "default: this worker's own scheme and host, any port",
+    )
+    peer_replay_window: int = Field(
+        60_000,
+        gt=0,
+        description="how far a peer's signed request may be from this worker's clock, either way, before it is "
+        "refused as a replay (duration; workers' clocks must agree within it)",
+    )
     session_lifetime: int = Field(
         12 * 3_600_000,
         gt=0,
@@ -373,7 +394,7 @@ class Settings(BaseSettings):
         "this (duration; Kafka Streams' state.cleanup.delay.ms): one that comes back sooner resumes from it",
     )
 
-    @field_validator("api_token", "read_token")
+    @field_validator("api_token", "read_token", "peer_secret")
     @classmethod
     def _long_enough(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         # A short token is guessed: refuse it at start rather than serve behind it. ConfigError,
@@ -391,10 +412,21 @@ class Settings(BaseSettings):
     def _durations(cls, value: Any) -> int:
         return _ms(value)
 
-    @field_validator("cesium_source", "cesium_destination", "read_token", "api_token", mode="before")
+    @field_validator("cesium_source", "cesium_destination", "read_token", "api_token", "peer_secret", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _peer_secret_of_its_own(self) -> Settings:
+        # The peer secret travels with every routed lookup's signature scheme and signs the group's
+        # owner table: were it a token, a worker proving itself would prove the token, and whoever
+        # holds the token (a script, a browser session's user) could pose as a worker.
+        secret = self.peer_secret.get_secret_value() if self.peer_secret else None
+        for name, token in (("DELAYAPP_API_TOKEN", self.api_token), ("DELAYAPP_READ_TOKEN", self.read_token)):
+            if secret is not None and token is not None and hmac.compare_digest(secret, token.get_secret_value()):
+                raise ConfigError(f"DELAYAPP_PEER_SECRET is the same as {name}: give the workers a secret of their own")
+        return self
 
     @model_validator(mode="after")
     def _cesium_pair(self) -> Settings:

@@ -88,3 +88,17 @@ def test_printed_settings_mask_the_secrets_in_librdkafka_config() -> None:
         assert "S3CR3T" not in printed, printed
     assert "client.rack=eu-1a" in row[1] and "ssl.key.password=********" in row[1]
     assert mask_properties("socket.keepalive.enable=true,linger") == "socket.keepalive.enable=true,linger"
+
+
+def test_the_peer_secret_is_long_and_of_its_own() -> None:
+    secret, token = "p" * MIN_TOKEN_CHARS, "t" * MIN_TOKEN_CHARS
+    with pytest.raises(ConfigError, match="DELAYAPP_PEER_SECRET is 5 characters long"):
+        load_settings(peer_secret="short")
+    for name in ("api_token", "read_token"):
+        with pytest.raises(ConfigError, match=f"the same as DELAYAPP_{name.upper()}") as refused:
+            load_settings(peer_secret=secret, **{name: secret})
+        assert secret not in str(refused.value)
+    assert load_settings(peer_secret=secret, api_token=token, read_token=token + "r").peer_secret is not None
+    assert load_settings(peer_secret=" ").peer_secret is None
+    row = next(r for r in load_settings(peer_secret=secret).describe() if r[0] == "DELAYAPP_PEER_SECRET")
+    assert secret not in row[1]

@@ -12,6 +12,10 @@ With ``DELAYAPP_READ_TOKEN`` set, every path but :data:`OPEN_PATHS` needs a read
 * for a browser, the ``delayapp_session`` cookie that ``POST /login`` sets (HttpOnly, SameSite=Strict)
   once the token is typed into its form; the console's own requests carry it.
 
+Another worker asking for what it does not own sends no token but the peer signature
+(:func:`peer_middleware`, ``DELAYAPP_PEER_SECRET``): it opens only the read views peers ask
+(:data:`PEER_PATHS`), and the answer is signed back.
+
 The guard is an aiohttp middleware, so it covers delayapp's views and Faust's own (``/router``,
 ``/table``, ``/``) alike, and any view added later. The write views still need the API token
 itself on top (:mod:`delayapp.faustapp.views`).
@@ -38,11 +42,14 @@ import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from html import escape
+from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from delayapp.core.clock import now_ms
+from delayapp.statestore.errors import PeerRefused
+from delayapp.statestore.peering import ANSWER_HEADER, PEER_HEADER, RequestVerifier, request_signature, sign_answer
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +72,49 @@ _SESSION_VERSION = "v1"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Clock = Callable[[], int]
+#: The read views one worker asks another (what a peer signature opens, ``GET`` only).
+PEER_PATHS = ("/delay/records/", "/delay/states/due")
+#: Set on a request that carries a valid peer signature: a worker that proved it holds the peer secret.
+PEER_REQUEST = web.RequestKey("delayapp.peer", bool)
+
+
+def from_peer(request: Any) -> bool:
+    """True when ``request`` carried a valid peer signature (:func:`peer_middleware` let it in)."""
+    return bool(request.get(PEER_REQUEST, False))
+
+
+def peer_middleware(
+    secret: str | None, *, window_ms: int, clock: Clock = now_ms
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """The aiohttp middleware that lets a request with a valid peer signature through the read
+    guard (it comes from another worker: ``request[PEER_REQUEST]``) and signs its answer;
+    a request whose signature is not valid gets 401, a request without one goes on as any other."""
+    verifier = RequestVerifier(secret, window_ms) if secret else None
+
+    @web.middleware
+    async def peer(request: web.Request, handler: Handler) -> web.StreamResponse:
+        header = request.headers.get(PEER_HEADER)
+        if header is None:
+            return await handler(request)
+        if verifier is None or secret is None:
+            return web.json_response(
+                {"error": "this worker has no DELAYAPP_PEER_SECRET: it answers no other worker"}, status=401
+            )
+        if request.method != "GET" or not request.path.startswith(PEER_PATHS):
+            return web.json_response({"error": "a peer signature opens only the routed read views"}, status=403)
+        try:
+            # the raw path, as signed: the caller sends it already encoded, and nothing re-quotes it
+            verifier.verify(request.method, request.raw_path, header, clock())
+        except PeerRefused as exc:
+            log.warning("peer request from %s refused: %s", request.remote, exc)
+            return web.json_response({"error": f"peer request refused: {exc}"}, status=401)
+        request[PEER_REQUEST] = True
+        response = await handler(request)
+        body = response.body if isinstance(response, web.Response) and isinstance(response.body, bytes) else b""
+        response.headers[ANSWER_HEADER] = sign_answer(secret, request_signature(header), response.status, body)
+        return response
+
+    return peer
 
 
 def session_key(read_token: str) -> bytes:
@@ -256,7 +306,7 @@ class ReadGuard:
 
     def allows(self, request: web.Request) -> bool:
         """True when ``request`` may read: open path, reads open, bearer token or session cookie."""
-        if not self.enabled or request.path in OPEN_PATHS:
+        if not self.enabled or request.path in OPEN_PATHS or from_peer(request):
             return True
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() == "bearer" and self.token_accepted(given.strip()):

@@ -25,10 +25,11 @@ from delayapp.engine.connect import check_broker_access
 from delayapp.engine.service import DelayEngine
 from delayapp.engine.stats import MALFORMED_RECORDS
 from delayapp.faustapp import driver as faust_driver
-from delayapp.faustapp.access import ReadGuard, accepted_hosts, edge_middleware
+from delayapp.faustapp.access import ReadGuard, accepted_hosts, edge_middleware, peer_middleware
 from delayapp.faustapp.console_feed import DeadLetterTail
 from delayapp.settings import OnMalformed, Settings, load_settings
 from delayapp.statestore.disk import DiskStateStore
+from delayapp.statestore.peering import PeerUrls
 from delayapp.statestore.remote import Router
 from delayapp.statestore.service import PartitionedStates
 
@@ -46,6 +47,8 @@ read_guard = ReadGuard(
     trust_forwarded=settings.trust_forwarded,
     login_failures=settings.login_failures,
 )
+#: The secret workers sign what crosses between them with (never a token): None, no routed lookups.
+peer_secret = settings.peer_secret.get_secret_value() if settings.peer_secret else None
 
 
 class DelayApp(faust.App):
@@ -62,7 +65,10 @@ class DelayApp(faust.App):
     engine: DelayEngine | None = None
     record_states: PartitionedStates | None = None
     dead_letters: DeadLetterTail | None = None
-    states_router: Router = Router(token=settings.read_credential())
+    states_router: Router = Router(
+        secret=peer_secret,
+        peer_urls=PeerUrls.parse(settings.peer_urls, settings.web_canonical_url or settings.web_url),
+    )
 
     def _new_transport(self) -> Any:
         # Faust's aiokafka driver, reading committed data only and committing offsets only
@@ -107,8 +113,8 @@ app = DelayApp(
     web_bind=settings.web_bind,
     web_host=settings.web_host,
     web_port=settings.web_port,
-    # The edge (security headers, the Host check on loopback) and the guard run before every
-    # view, Faust's own /router and /table included.
+    # The edge (security headers, the Host check on loopback), the peer signature check and the
+    # guard run before every view, Faust's own /router and /table included.
     web_application_options={
         "middlewares": [
             edge_middleware(
@@ -119,6 +125,7 @@ app = DelayApp(
                     canonical_url=settings.web_canonical_url,
                 )
             ),
+            peer_middleware(peer_secret, window_ms=settings.peer_replay_window),
             read_guard.middleware(),
         ]
     },
@@ -147,6 +154,7 @@ class RecordStates(PartitionedStates):
             store=DiskStateStore(
                 state_path(settings), ttl_ms=settings.record_state_ttl, cache_bytes=settings.state_cache_bytes
             ),
+            peer_secret=peer_secret,
             librdkafka_connection=settings.librdkafka_connection(),
             cleanup_delay_s=settings.state_cleanup_delay / 1000,
             session_timeout_ms=settings.session_timeout_ms,

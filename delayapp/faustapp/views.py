@@ -36,6 +36,7 @@ from delayapp.faustapp.access import (
     LOGOUT_PATH,
     STYLESHEET_PATH,
     fingerprint,
+    from_peer,
     login_page,
     safe_next,
     see_other,
@@ -44,7 +45,7 @@ from delayapp.faustapp.app import app, layout, read_guard, settings
 from delayapp.faustapp.console_feed import ConsoleFeed
 from delayapp.ops.dead_letters import replay_dead_letters
 from delayapp.statestore.errors import OwnerUnreachable, UnusableAnswer
-from delayapp.statestore.remote import ROUTED_HEADER, Answer
+from delayapp.statestore.remote import Answer
 
 MAX_REPLAY_KEYS = api.MAX_REPLAY_KEYS
 _console = ConsoleFeed(settings=settings, layout=layout)
@@ -255,7 +256,9 @@ class Record(View):
         if states is None or where is None:
             return self.json({"error": "the record-states view is starting"}, status=503)
         if not where.local:
-            if where.url is None or request.headers.get(ROUTED_HEADER):
+            if where.unverified is not None:  # the leader named an owner no peer can vouch for
+                return self.json({"error": where.unverified}, status=503)
+            if where.url is None or from_peer(request):  # a peer's request is never routed on
                 return self.json(
                     {"error": f"no worker owns record-states partition {where.partition} yet (rebalancing)"},
                     status=503,

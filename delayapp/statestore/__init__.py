@@ -9,7 +9,9 @@
   partition of a record id;
 * :mod:`~delayapp.statestore.service`: the reader that keeps the store in step with the
   partitions this worker owns;
-* :mod:`~delayapp.statestore.remote`: asking the owner of a partition (with the read token).
+* :mod:`~delayapp.statestore.peering`: what workers sign with the peer secret (requests,
+  answers, members' addresses, the owner table) and where peers may be;
+* :mod:`~delayapp.statestore.remote`: asking the owner of a partition (signed, never a token).
 
 The topic stays the source of truth: the store is a cache of it, and a worker without one
 builds it from the topic.

@@ -25,3 +25,17 @@ class OwnerUnreachable(StateStoreError):
 class UnusableAnswer(OwnerUnreachable):
     """The owner answered, but not with what a worker answers (a JSON object of at most
     :data:`~delayapp.statestore.remote.MAX_ANSWER_BYTES`): its answer is never passed on."""
+
+
+class UnverifiedOwner(OwnerUnreachable):
+    """The worker named as a partition's owner has not proved it holds ``DELAYAPP_PEER_SECRET``
+    (an unsigned owner table, an address outside ``DELAYAPP_PEER_URLS``, an unsigned answer):
+    it is sent no request, or its answer is not served."""
+
+    retriable = False
+
+
+class PeerRefused(StateStoreError):
+    """A request that claims to come from another worker does not carry a valid peer signature."""
+
+    retriable = False

@@ -1,25 +1,38 @@
 """Asking the worker that owns a partition: a routed ``GET`` of one of its read views.
 
-A routed request carries this worker's read credential (the owner's read guard wants the same
-``DELAYAPP_READ_TOKEN``) and the :data:`ROUTED_HEADER`, so the owner answers from its own store
-and never routes it on (two workers that disagree on who owns a partition, in the middle of
-a rebalance, cannot bounce a request between them). What the owner answers is read, not
-passed on: at most :data:`MAX_ANSWER_BYTES`, no redirect followed, and a caller takes it only
-as a JSON object (:meth:`Answer.json_object`); anything else is :class:`UnusableAnswer`.
+A routed request goes only to an address ``DELAYAPP_PEER_URLS`` allows, carries no token (never
+the API or read token) but the peer signature (:mod:`delayapp.statestore.peering`: method, path,
+time, a nonce, signed with ``DELAYAPP_PEER_SECRET``), which the owner's read guard accepts; the
+owner then answers from its own store and never routes it on (two workers that disagree on who
+owns a partition, in the middle of a rebalance, cannot bounce a request between them), and signs
+its answer. What the owner answers is read, not passed on: its signature checked
+(:class:`UnverifiedOwner` otherwise), at most :data:`MAX_ANSWER_BYTES`, no redirect followed,
+and a caller takes it only as a JSON object (:meth:`Answer.json_object`); anything else is
+:class:`UnusableAnswer`.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
-from delayapp.statestore.errors import OwnerUnreachable, UnusableAnswer
+from delayapp.core.clock import now_ms
+from delayapp.statestore.errors import OwnerUnreachable, UnusableAnswer, UnverifiedOwner
+from delayapp.statestore.peering import (
+    ANSWER_HEADER,
+    PEER_HEADER,
+    PeerUrls,
+    answer_signed,
+    request_signature,
+    sign_request,
+)
 
-ROUTED_HEADER = "X-Delayapp-Routed"
 MAX_ANSWER_BYTES = 8 * 1024 * 1024  # a record's state or one worker's due counts: far below this
 
 
@@ -46,30 +59,49 @@ class Answer:
 
 
 class Router:
-    """Sends routed ``GET`` requests to other workers with ``token`` (None: reads are open)."""
+    """Sends routed ``GET`` requests to the other workers ``peer_urls`` allows, signed with
+    ``secret`` (the peer secret; None: no request is sent, lookups of what another worker owns
+    answer :class:`UnverifiedOwner`), and takes only answers signed with it."""
 
-    def __init__(self, *, token: str | None, timeout_s: float = 5.0) -> None:
-        self.token = token
+    def __init__(
+        self, *, secret: str | None, peer_urls: PeerUrls, timeout_s: float = 5.0, clock: Callable[[], int] = now_ms
+    ) -> None:
+        self.secret = secret
+        self.peer_urls = peer_urls
         self.timeout_s = timeout_s
+        self.clock = clock
         self._session: aiohttp.ClientSession | None = None
 
-    def _headers(self) -> dict[str, str]:
-        headers = {ROUTED_HEADER: "1"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        return headers
-
     async def get(self, url: str, path: str) -> Answer:
-        """``GET url + path`` as a routed request; :class:`OwnerUnreachable` when nothing answers."""
+        """``GET url + path`` as a routed request: :class:`UnverifiedOwner` when ``url`` may not
+        be asked or its answer is not signed, :class:`OwnerUnreachable` when nothing answers."""
+        if self.secret is None:
+            raise UnverifiedOwner(
+                f"the worker at {url} owns it, and workers ask each other only with DELAYAPP_PEER_SECRET set "
+                "(the same on every worker): ask that worker"
+            )
+        if not self.peer_urls.allows(url):
+            raise UnverifiedOwner(
+                f"the worker at {url} is named as the owner, but DELAYAPP_PEER_URLS "
+                f"({self.peer_urls.describe()}) does not allow that address: no request is sent to it"
+            )
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        signature = sign_request(self.secret, "GET", path, self.clock())
         try:
-            async with self._session.get(
-                url.rstrip("/") + path, headers=self._headers(), allow_redirects=False
-            ) as response:
-                return Answer(response.status, await _capped(response, url), response.content_type)
+            # encoded=True: the path goes out byte for byte as signed (the owner checks its raw path)
+            target = URL(url.rstrip("/") + path, encoded=True)
+            async with self._session.get(target, headers={PEER_HEADER: signature}, allow_redirects=False) as response:
+                answer = Answer(response.status, await _capped(response, url), response.content_type)
+                signed = response.headers.get(ANSWER_HEADER, "")
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:  # ValueError: a malformed URL
             raise OwnerUnreachable(f"the worker at {url} did not answer ({type(exc).__name__}: {exc})") from None
+        if not answer_signed(self.secret, request_signature(signature), answer.status, answer.body, signed):
+            raise UnverifiedOwner(
+                f"the worker at {url} answered {answer.status} without proving it holds DELAYAPP_PEER_SECRET: "
+                "its answer is not served"
+            )
+        return answer
 
     async def close(self) -> None:
         """Close the connection pool."""

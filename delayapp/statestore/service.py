@@ -50,6 +50,7 @@ from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.stats import MALFORMED_RECORDS
 from delayapp.statestore.disk import DiskStateStore, due_bucket
 from delayapp.statestore.lineage import LogIdentity, identity_change, offset_problem, partitions_to_clean
+from delayapp.statestore.peering import Table
 from delayapp.statestore.routing import OwnerAssignor, Owners, partition_of
 
 log = logging.getLogger(__name__)
@@ -107,13 +108,17 @@ class Location:
     local: bool
     url: str | None
     ready: bool  # local only: this worker has caught up on the partition
+    #: why no owner is named though the leader named one (an owner not proved to hold the peer secret)
+    unverified: str | None = None
 
 
 class PartitionedStates(Service):
     """Folds the ``record-states`` partitions this worker owns into ``store`` and knows who owns the rest.
 
     ``advertised_url`` is where other workers reach this one's web views; ``group_id`` the
-    readers' consumer group (one per delayapp deployment)."""
+    readers' consumer group (one per delayapp deployment); ``peer_secret`` signs this member's
+    address and the tables it deals as the group's leader, and only tables signed with it are
+    believed (None: nothing signed, nothing checked)."""
 
     def __init__(
         self,
@@ -123,6 +128,7 @@ class PartitionedStates(Service):
         group_id: str,
         advertised_url: str,
         store: DiskStateStore,
+        peer_secret: str | None = None,
         librdkafka_connection: dict[str, Any] | None = None,
         cleanup_delay_s: float = 600.0,
         session_timeout_ms: int = 10_000,
@@ -138,10 +144,12 @@ class PartitionedStates(Service):
         self._away_since: dict[int, float] = {}  # stored partitions not owned → since when (monotonic)
         self.group_id = group_id
         self.advertised_url = advertised_url
+        self.peer_secret = peer_secret
         self.store = store
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
-        self.owners: Owners = {}  # partition → owner's address (the latest assignment's table)
+        self.owners: Owners = {}  # partition → owner's address (the latest assignment's table, if believed)
+        self.table = Table({})  # that table as read: its problem and what it claimed when not believed
         self.partitions = 0  # the topic's partition count, once known
         self.owned: set[int] = set()
         self.ready: set[int] = set()  # owned and caught up
@@ -163,6 +171,10 @@ class PartitionedStates(Service):
         url = self.owners.get(partition)
         if url == self.advertised_url:  # owned by this worker by the table, not assigned yet
             url = None
+        if url is None and self.table.problem is not None:
+            claimed = self.table.claimed.get(partition)
+            named = f" (it names {claimed} as the owner of partition {partition})" if claimed else ""
+            return Location(partition, False, None, False, f"{self.table.problem}{named}: no request is sent to it")
         return Location(partition, False, url, False)
 
     def get(self, record_id: str) -> dict[str, Any] | None:
@@ -197,8 +209,12 @@ class PartitionedStates(Service):
 
     # -- the reader ----------------------------------------------------------------------------
 
-    def _on_owners(self, owners: Owners) -> None:
-        self.owners = owners
+    def _on_owners(self, table: Table) -> None:
+        self.table, self.owners = table, table.owners
+        if table.problem is not None:
+            log.warning("record-states: %s; it claims %s", table.problem, sorted(set(table.claimed.values()))[:10])
+            return
+        owners = table.owners
         log.info(
             "record-states: owners %s",
             {url: sorted(p for p, u in owners.items() if u == url) for url in set(owners.values())},
@@ -215,7 +231,7 @@ class PartitionedStates(Service):
             max_partition_fetch_bytes=1024 * 1024,
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
-            partition_assignment_strategy=(OwnerAssignor(self.advertised_url, self._on_owners),),
+            partition_assignment_strategy=(OwnerAssignor(self.advertised_url, self._on_owners, self.peer_secret),),
         )
         await self._consumer.start()
         if self.librdkafka_connection is not None:

@@ -27,7 +27,8 @@ from delayapp.faustapp import http_bodies as api
 from delayapp.faustapp.console import peer_due_counts
 from delayapp.statestore.disk import NO_DUE
 from delayapp.statestore.errors import OwnerUnreachable, UnusableAnswer
-from delayapp.statestore.remote import Answer
+from delayapp.statestore.peering import ANSWER_HEADER, PEER_HEADER, PeerUrls, request_signature, sign_answer
+from delayapp.statestore.remote import Answer, Router
 
 NOW = 1_800_000_000_000
 API = "api-token-for-the-bad-input-tests"
@@ -341,18 +342,46 @@ async def test_views_that_answered_500_before(worker_web: tuple[TestServer, Any]
     assert status == 400 and b"printable ASCII" in answer, answer  # was cancelled: an id no record has
 
 
+PEER_SECRET = "peer-secret-for-the-bad-input-tests"
+
+
 @pytest.fixture(scope="module")
-async def rogue_owner() -> AsyncIterator[tuple[TestServer, dict[str, Any]]]:
-    """A second HTTP server standing in for the owner of every record: it answers what a test sets."""
-    wanted: dict[str, Any] = {"status": 200, "body": b"{}", "content_type": "application/json"}
+async def owner_web() -> AsyncIterator[tuple[TestServer, dict[str, Any]]]:
+    """A second HTTP server standing in for the owner of every record: it answers what a test
+    sets, signed with the peer secret when ``sign`` (a peer answering garbage) and remembers
+    the headers of the requests it received."""
+    wanted: dict[str, Any] = {"status": 200, "body": b"{}", "content_type": "application/json", "sign": True}
+    received: list[dict[str, str]] = []
 
     async def answer(request: web.Request) -> web.Response:
-        return web.Response(status=wanted["status"], body=wanted["body"], content_type=wanted["content_type"])
+        received.append(dict(request.headers))
+        response = web.Response(status=wanted["status"], body=wanted["body"], content_type=wanted["content_type"])
+        if wanted["sign"]:
+            signature = request_signature(request.headers.get(PEER_HEADER, ""))
+            response.headers[ANSWER_HEADER] = sign_answer(PEER_SECRET, signature, wanted["status"], wanted["body"])
+        return response
 
     application = web.Application()
     application.router.add_get("/{tail:.*}", answer)
     async with TestServer(application, host="127.0.0.1") as server:
+        wanted["received"] = received
         yield server, wanted
+
+
+@pytest.fixture
+async def routed_to(worker_web: tuple[TestServer, Any], owner_web: tuple[TestServer, dict[str, Any]]):
+    """The worker's app with every record owned by ``owner_web`` and a router holding the peer secret."""
+    _, app = worker_web
+    owner, _ = owner_web
+    where = SimpleNamespace(local=False, url=str(owner.make_url("/")), partition=0, unverified=None)
+    configured = app.states_router
+    app.record_states = SimpleNamespace(locate=lambda record_id: where)
+    app.states_router = Router(secret=PEER_SECRET, peer_urls=PeerUrls(("http://127.0.0.1:*",)))
+    try:
+        yield app
+    finally:
+        await app.states_router.close()
+        app.record_states, app.states_router = None, configured
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -360,27 +389,46 @@ async def rogue_owner() -> AsyncIterator[tuple[TestServer, dict[str, Any]]]:
     status=st.sampled_from([200, 201, 302, 401, 404, 418, 500, 503]),
     body=raw_bodies | st.just(b'{"record_id": "r", "status": "waiting"}'),
     content_type=st.sampled_from(["application/json", "text/html", "text/plain"]),
+    signed=st.booleans(),
 )
 async def test_a_routed_lookup_serves_only_a_checked_json_answer(
     worker_web: tuple[TestServer, Any],
-    rogue_owner: tuple[TestServer, dict[str, Any]],
+    owner_web: tuple[TestServer, dict[str, Any]],
+    routed_to: Any,
     status: int,
     body: bytes,
     content_type: str,
+    signed: bool,
 ) -> None:
-    """Before, the owner's status, bytes and content type were served as they came."""
-    server, app = worker_web
-    owner, wanted = rogue_owner
-    wanted.update(status=status, body=body, content_type=content_type)
-    where = SimpleNamespace(local=False, url=str(owner.make_url("/")), partition=0)
-    app.record_states = SimpleNamespace(locate=lambda record_id: where)
-    try:
-        got, answer, got_type = await call(server, "GET", "/delay/records/r", None)
-    finally:
-        app.record_states = None
+    """Before, the owner's status, bytes and content type were served as they came, signed or not."""
+    server, _ = worker_web
+    owner, wanted = owner_web
+    wanted.update(status=status, body=body, content_type=content_type, sign=signed)
+    got, answer, got_type = await call(server, "GET", "/delay/records/r", None)
     assert_answered(got, answer, got_type, f"owner answered {status} {content_type} {body!r:.80}")
     assert got_type == "application/json" and got in (200, 400, 404, 503)
     if got == 200:
-        assert orjson.loads(answer) == orjson.loads(body)
-    elif got != status:
+        assert signed and orjson.loads(answer) == orjson.loads(body)
+    elif got != status or not signed:
         assert str(owner.make_url("/")).rstrip("/") in orjson.loads(answer)["error"]
+    # the owner never sees a token: only the peer signature
+    assert all("Authorization" not in headers for headers in wanted["received"])
+
+
+async def test_an_owners_answer_is_served_only_when_it_is_signed(
+    worker_web: tuple[TestServer, Any], owner_web: tuple[TestServer, dict[str, Any]], routed_to: Any
+) -> None:
+    server, _ = worker_web
+    owner, wanted = owner_web
+    state = b'{"record_id": "r", "status": "waiting"}'
+    wanted.update(status=200, body=state, content_type="application/json", sign=True)
+    got, answer, _ = await call(server, "GET", "/delay/records/r", None)
+    assert got == 200 and orjson.loads(answer) == orjson.loads(state)
+    wanted.update(sign=False)  # a group member without the secret, answering what a worker answers
+    got, answer, _ = await call(server, "GET", "/delay/records/r", None)
+    assert got == 503 and "without proving it holds DELAYAPP_PEER_SECRET" in orjson.loads(answer)["error"]
+    routed_to.states_router.peer_urls = PeerUrls(("https://delay-*:6066",))
+    asked = len(wanted["received"])
+    got, answer, _ = await call(server, "GET", "/delay/records/r", None)
+    assert got == 503 and "DELAYAPP_PEER_URLS" in orjson.loads(answer)["error"]
+    assert len(wanted["received"]) == asked  # an address outside the allow-list is sent nothing

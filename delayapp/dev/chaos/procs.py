@@ -165,6 +165,10 @@ def tcp_ports_of(pid: int) -> set[int] | None:
         return None
 
 
+#: The peer secret of every worker the harnesses start (a development value, never a production one).
+DEV_PEER_SECRET = "delayapp-dev-harness-peer-secret"
+
+
 class WorkerProcess:
     """A real ``faust -A <app> worker`` process with its own environment and log file."""
 
@@ -181,6 +185,8 @@ class WorkerProcess:
             "DELAYAPP_WEB_PORT": str(free_port()),
             # each worker its own on-disk read model (a subdirectory per app id and port), off the checkout
             "DELAYAPP_STATE_DIR": os.path.join(tempfile.gettempdir(), "delayapp-state"),
+            # the workers a harness starts are one deployment: they ask each other with one peer secret
+            "DELAYAPP_PEER_SECRET": DEV_PEER_SECRET,
             **env,
         }
         self.log_path = os.path.join(tempfile.gettempdir(), f"delayapp-{self.name}-{uuid.uuid4().hex[:6]}.log")
