@@ -62,7 +62,8 @@ class DelayApp(faust.App):
     engine: DelayEngine | None = None
     record_states: PartitionedStates | None = None
     dead_letters: DeadLetterTail | None = None
-    states_router: Router = Router(token=settings.read_credential())
+    # https:// peers verified with DELAYAPP_WEB_TLS_CA (else the system's trust store)
+    states_router: Router = Router(token=settings.read_credential(), ssl_context=settings.peer_ssl_context())
 
     def _new_transport(self) -> Any:
         # Faust's aiokafka driver, reading committed data only and committing offsets only
@@ -107,6 +108,8 @@ app = DelayApp(
     web_bind=settings.web_bind,
     web_host=settings.web_host,
     web_port=settings.web_port,
+    # HTTPS only with DELAYAPP_WEB_TLS_CERT/_KEY (Faust's aiohttp site takes it); None: plain HTTP
+    web_ssl_context=settings.web_ssl_context(),
     # The edge (security headers, the Host check on loopback) and the guard run before every
     # view, Faust's own /router and /table included.
     web_application_options={

@@ -11,6 +11,7 @@ as a JSON object (:meth:`Answer.json_object`); anything else is :class:`Unusable
 from __future__ import annotations
 
 import asyncio
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,11 +47,14 @@ class Answer:
 
 
 class Router:
-    """Sends routed ``GET`` requests to other workers with ``token`` (None: reads are open)."""
+    """Sends routed ``GET`` requests to other workers with ``token`` (None: reads are open);
+    an https:// owner's certificate is verified with ``ssl_context`` (None: the system's trust
+    store), never skipped."""
 
-    def __init__(self, *, token: str | None, timeout_s: float = 5.0) -> None:
+    def __init__(self, *, token: str | None, timeout_s: float = 5.0, ssl_context: ssl.SSLContext | None = None) -> None:
         self.token = token
         self.timeout_s = timeout_s
+        self.ssl_context = ssl_context  # TLS of the web server (issue 37, item 4)
         self._session: aiohttp.ClientSession | None = None
 
     def _headers(self) -> dict[str, str]:
@@ -62,12 +66,21 @@ class Router:
     async def get(self, url: str, path: str) -> Answer:
         """``GET url + path`` as a routed request; :class:`OwnerUnreachable` when nothing answers."""
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                # https:// owners verified (True: the system's trust store); plain http:// ignores it
+                connector=aiohttp.TCPConnector(ssl=self.ssl_context if self.ssl_context is not None else True),
+            )
         try:
             async with self._session.get(
                 url.rstrip("/") + path, headers=self._headers(), allow_redirects=False
             ) as response:
                 return Answer(response.status, await _capped(response, url), response.content_type)
+        except aiohttp.ClientConnectorCertificateError as exc:  # TLS of the web server (issue 37, item 4)
+            raise OwnerUnreachable(
+                f"the worker at {url} presented a certificate this worker does not trust "
+                f"(DELAYAPP_WEB_TLS_CA; {exc.certificate_error})"
+            ) from None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:  # ValueError: a malformed URL
             raise OwnerUnreachable(f"the worker at {url} did not answer ({type(exc).__name__}: {exc})") from None
 
