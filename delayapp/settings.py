@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import hmac
 import ipaddress
+import os
 import socket
 import ssl
 from functools import cached_property
@@ -289,8 +290,25 @@ class Settings(BaseSettings):
     web_port: int = Field(6066, description="port of the Faust web server")
     web_canonical_url: str | None = Field(
         None,
-        description="URL other workers reach this one at (Faust's table-routed views); default http://<web_host>:<web_port>",
+        description="URL other workers reach this one at (routed lookups, Faust's table-routed views); "
+        "default http://<web_host>:<web_port>, https:// with DELAYAPP_WEB_TLS_CERT (an http:// one is then refused)",
     )
+    # -- TLS of the web server (issue 37, item 4) ---------------------------------------------
+    web_tls_cert: str | None = Field(
+        None,
+        description="PEM file of the web server's certificate chain (this worker's certificate first; its names "
+        "must cover DELAYAPP_WEB_HOST or the canonical URL's host); with DELAYAPP_WEB_TLS_KEY the web server "
+        "speaks HTTPS only (TLS 1.2 or later) and its URL is https://",
+    )
+    web_tls_key: str | None = Field(
+        None, description="PEM file of the web server's private key (unencrypted), set with DELAYAPP_WEB_TLS_CERT"
+    )
+    web_tls_ca: str | None = Field(
+        None,
+        description="PEM CA bundle this worker verifies other workers' certificates with (routed lookups, the "
+        "console's due counts; the status command, the worker's); unset: the system's trust store",
+    )
+    # -- end of TLS of the web server ---------------------------------------------------------
     recovery_consistency_check: bool = Field(
         True,
         description="Faust's table-recovery offset check; "
@@ -442,6 +460,46 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("web_tls_cert", "web_tls_key", "web_tls_ca", mode="before")
+    @classmethod
+    def _blank_path_is_unset(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _web_tls(self) -> Settings:
+        # ConfigError, not ValueError: pydantic would print every setting given (tokens too) beside a
+        # model validator's ValueError. Checked at load, so a worker with a missing or unreadable file,
+        # or a key that is not the certificate's, refuses to start naming the setting.
+        cert, key = self.web_tls_cert, self.web_tls_key
+        if (cert is None) != (key is None):
+            raise ConfigError(
+                "set both DELAYAPP_WEB_TLS_CERT and DELAYAPP_WEB_TLS_KEY (the web server's certificate chain "
+                "and its private key), or neither"
+            )
+        for name, path in (("web_tls_cert", cert), ("web_tls_key", key), ("web_tls_ca", self.web_tls_ca)):
+            if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+                raise ConfigError(f"DELAYAPP_{name.upper()}: {path!r} is not a readable file")
+        if self.web_tls:
+            try:
+                self.web_ssl_context()
+            except (ssl.SSLError, OSError) as exc:
+                raise ConfigError(
+                    f"DELAYAPP_WEB_TLS_CERT / DELAYAPP_WEB_TLS_KEY: {cert!r} and {key!r} are not a PEM certificate "
+                    f"chain and its private key ({exc})"
+                ) from None
+            canonical = (self.web_canonical_url or "").strip()
+            if canonical.lower().startswith("http://"):
+                raise ConfigError(
+                    f"DELAYAPP_WEB_CANONICAL_URL is {canonical!r} but the web server speaks HTTPS only "
+                    "(DELAYAPP_WEB_TLS_CERT is set): other workers would ask it over plain HTTP; use https://"
+                )
+        if self.web_tls_ca is not None:
+            try:
+                self.peer_ssl_context()
+            except (ssl.SSLError, OSError) as exc:
+                raise ConfigError(f"DELAYAPP_WEB_TLS_CA: {self.web_tls_ca!r} is not a PEM CA bundle ({exc})") from None
+        return self
+
     @field_validator("web_bind", "web_host")
     @classmethod
     def _web_address(cls, value: str, info: ValidationInfo) -> str:
@@ -533,9 +591,35 @@ class Settings(BaseSettings):
 
     @property
     def web_url(self) -> str:
-        """``http://<web_host>:<web_port>``, an IPv6 address in brackets: where this worker is reached."""
+        """``http://<web_host>:<web_port>`` (``https://`` with :attr:`web_tls`), an IPv6 address in
+        brackets: where this worker is reached."""
         host = f"[{self.web_host}]" if ":" in self.web_host else self.web_host
-        return f"http://{host}:{self.web_port}"
+        return f"{'https' if self.web_tls else 'http'}://{host}:{self.web_port}"
+
+    @property
+    def web_tls(self) -> bool:
+        """Whether the web server speaks HTTPS (``DELAYAPP_WEB_TLS_CERT`` and ``_KEY`` set)."""
+        return self.web_tls_cert is not None
+
+    def web_ssl_context(self) -> ssl.SSLContext | None:
+        """The web server's TLS context (its certificate chain and key, TLS 1.2 or later); None
+        without :attr:`web_tls` (plain HTTP)."""
+        if self.web_tls_cert is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.web_tls_cert, self.web_tls_key)
+        return context
+
+    def peer_ssl_context(self) -> ssl.SSLContext:
+        """How this worker (and the status command) verifies another worker's web server over
+        HTTPS: the certificate must chain to ``DELAYAPP_WEB_TLS_CA`` (else the system's trust store)
+        and name the host asked; never unverified. Plain http:// URLs do not use it."""
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.web_tls_ca)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.verify_mode = ssl.CERT_REQUIRED  # create_default_context's, said here: never optional
+        context.check_hostname = True
+        return context
 
     def read_credential(self) -> str | None:
         """The bearer token a client of the web views sends: the read token, else the API

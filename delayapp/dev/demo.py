@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import ssl
 import statistics
 import time
 from datetime import datetime
@@ -48,12 +49,18 @@ async def ensure_target(kafka: dict) -> None:
         await admin.close()
 
 
-async def show_worker_view(web: str, record_id: str, token: str | None = None) -> None:
+async def show_worker_view(
+    web: str, record_id: str, token: str | None = None, ssl_context: ssl.SSLContext | None = None
+) -> None:
     """Print what the worker's HTTP views say about one record and about its loops (``token``:
-    the bearer token a worker with DELAYAPP_READ_TOKEN wants)."""
+    the bearer token a worker with DELAYAPP_READ_TOKEN wants; ``ssl_context``: how an https://
+    worker is verified, None for the system's trust store)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    connector = aiohttp.TCPConnector(ssl=ssl_context if ssl_context is not None else True)
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5), headers=headers) as session:
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=5), headers=headers, connector=connector
+        ) as session:
             async with session.get(f"{web}/delay/records/{record_id}") as response:
                 state = await response.json()
             async with session.get(f"{web}/delay/stats") as response:
@@ -80,7 +87,12 @@ async def show_worker_view(web: str, record_id: str, token: str | None = None) -
 
 
 async def produce_waves(
-    kafka: dict, ingress: str, engine_ready: asyncio.Event, web: str, token: str | None = None
+    kafka: dict,
+    ingress: str,
+    engine_ready: asyncio.Event,
+    web: str,
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     producer = AIOKafkaProducer(**kafka, acks="all")
     await producer.start()
@@ -104,7 +116,7 @@ async def produce_waves(
                 )
                 print(f"[demo] scheduled {name:12} delay {delay:>6}  due {clock(due)}", flush=True)
             await asyncio.sleep(WAVE_EVERY_S / 2)
-            await show_worker_view(web, f"order-{wave}-{len(WAVE) - 1}", token)
+            await show_worker_view(web, f"order-{wave}-{len(WAVE) - 1}", token, ssl_context)
             await asyncio.sleep(WAVE_EVERY_S / 2)
     finally:
         await producer.stop()
@@ -157,7 +169,9 @@ async def main() -> None:
     )
     tasks = [
         asyncio.create_task(show_deliveries(kafka, ready)),
-        asyncio.create_task(produce_waves(kafka, ingress, ready, web, settings.read_credential())),
+        asyncio.create_task(
+            produce_waves(kafka, ingress, ready, web, settings.read_credential(), settings.peer_ssl_context())
+        ),
     ]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -65,9 +65,11 @@ class DelayApp(faust.App):
     engine: DelayEngine | None = None
     record_states: PartitionedStates | None = None
     dead_letters: DeadLetterTail | None = None
+    # https:// peers verified with DELAYAPP_WEB_TLS_CA (else the system's trust store)
     states_router: Router = Router(
         secret=peer_secret,
         peer_urls=PeerUrls.parse(settings.peer_urls, settings.web_canonical_url or settings.web_url),
+        ssl_context=settings.peer_ssl_context(),
     )
 
     def _new_transport(self) -> Any:
@@ -113,6 +115,8 @@ app = DelayApp(
     web_bind=settings.web_bind,
     web_host=settings.web_host,
     web_port=settings.web_port,
+    # HTTPS only with DELAYAPP_WEB_TLS_CERT/_KEY (Faust's aiohttp site takes it); None: plain HTTP
+    web_ssl_context=settings.web_ssl_context(),
     # The edge (security headers, the Host check on loopback), the peer signature check and the
     # guard run before every view, Faust's own /router and /table included.
     web_application_options={

@@ -205,12 +205,22 @@ async def topics(self: Any, action: str) -> None:
 
 @app.command(
     argument("record_id"),
-    option("--url", default=None, help="the worker's web server [default: http://DELAYAPP_WEB_HOST:DELAYAPP_WEB_PORT]"),
+    option(
+        "--url",
+        default=None,
+        help="the worker's web server [default: http://DELAYAPP_WEB_HOST:DELAYAPP_WEB_PORT, "
+        "https:// with DELAYAPP_WEB_TLS_CERT; verified with DELAYAPP_WEB_TLS_CA]",
+    ),
 )
 async def status(self: Any, record_id: str, url: str | None) -> None:
     """Print a record's state (waiting, delivered, dead_lettered, cancelled) from a worker (faust --json: as JSON)."""
     async with _exit_codes():
-        state = await fetch_status(url or default_status_url(settings), record_id, token=settings.read_credential())
+        state = await fetch_status(
+            url or default_status_url(settings),
+            record_id,
+            token=settings.read_credential(),
+            ssl_context=settings.peer_ssl_context(),
+        )
     self.say(orjson.dumps(state).decode() if self.json else "\n".join(render.status_lines(state, now_ms())))
 
 

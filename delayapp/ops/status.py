@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Any
 from urllib.parse import quote
 
@@ -14,15 +15,22 @@ from delayapp.settings import Settings
 
 
 def default_status_url(settings: Settings) -> str:
-    """The worker's web server from the settings (``DELAYAPP_WEB_HOST``/``_PORT``)."""
+    """The worker's web server from the settings (``DELAYAPP_WEB_HOST``/``_PORT``; https:// with
+    ``DELAYAPP_WEB_TLS_CERT``)."""
     return settings.web_url
 
 
 async def fetch_status(
-    url: str, record_id: str, *, token: str | None = None, timeout_s: float = 10.0
+    url: str,
+    record_id: str,
+    *,
+    token: str | None = None,
+    timeout_s: float = 10.0,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> dict[str, Any]:
     """A record's state from a worker's ``GET /delay/records/{id}`` view, sent with ``token``
-    as its bearer token when given (a worker with ``DELAYAPP_READ_TOKEN`` requires one).
+    as its bearer token when given (a worker with ``DELAYAPP_READ_TOKEN`` requires one); an
+    https:// worker's certificate is verified with ``ssl_context`` (None: the system's trust store).
 
     Raises :class:`RecordNotFound` for an id the read model does not know, :class:`ReadRefused`
     when the worker wants a read token this request lacked, and :class:`WorkerUnavailable` when
@@ -33,10 +41,15 @@ async def fetch_status(
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
-            session.get(address, headers=headers) as response,
+            session.get(address, headers=headers, ssl=ssl_context if ssl_context is not None else True) as response,
         ):
             body = await response.read()
             status = response.status
+    except aiohttp.ClientConnectorCertificateError as exc:
+        raise WorkerUnavailable(
+            f"the worker at {url} presented a certificate that is not trusted ({exc.certificate_error}); "
+            "is DELAYAPP_WEB_TLS_CA the CA that signed the workers' certificates?"
+        ) from None
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise WorkerUnavailable(
             f"no worker answers at {url} ({type(exc).__name__}: {exc}); is `faust -A delayapp worker` running? (--url)"

@@ -14,6 +14,7 @@ and a caller takes it only as a JSON object (:meth:`Answer.json_object`); anythi
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,14 +62,22 @@ class Answer:
 class Router:
     """Sends routed ``GET`` requests to the other workers ``peer_urls`` allows, signed with
     ``secret`` (the peer secret; None: no request is sent, lookups of what another worker owns
-    answer :class:`UnverifiedOwner`), and takes only answers signed with it."""
+    answer :class:`UnverifiedOwner`), and takes only answers signed with it; an https:// owner's
+    certificate is verified with ``ssl_context`` (None: the system's trust store), never skipped."""
 
     def __init__(
-        self, *, secret: str | None, peer_urls: PeerUrls, timeout_s: float = 5.0, clock: Callable[[], int] = now_ms
+        self,
+        *,
+        secret: str | None,
+        peer_urls: PeerUrls,
+        timeout_s: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+        clock: Callable[[], int] = now_ms,
     ) -> None:
         self.secret = secret
         self.peer_urls = peer_urls
         self.timeout_s = timeout_s
+        self.ssl_context = ssl_context
         self.clock = clock
         self._session: aiohttp.ClientSession | None = None
 
@@ -86,7 +95,11 @@ class Router:
                 f"({self.peer_urls.describe()}) does not allow that address: no request is sent to it"
             )
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                # https:// owners verified (True: the system's trust store); plain http:// ignores it
+                connector=aiohttp.TCPConnector(ssl=self.ssl_context if self.ssl_context is not None else True),
+            )
         signature = sign_request(self.secret, "GET", path, self.clock())
         try:
             # encoded=True: the path goes out byte for byte as signed (the owner checks its raw path)
@@ -94,6 +107,11 @@ class Router:
             async with self._session.get(target, headers={PEER_HEADER: signature}, allow_redirects=False) as response:
                 answer = Answer(response.status, await _capped(response, url), response.content_type)
                 signed = response.headers.get(ANSWER_HEADER, "")
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise UnverifiedOwner(
+                f"the worker at {url} presented a certificate this worker does not trust "
+                f"(DELAYAPP_WEB_TLS_CA; {exc.certificate_error})"
+            ) from None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:  # ValueError: a malformed URL
             raise OwnerUnreachable(f"the worker at {url} did not answer ({type(exc).__name__}: {exc})") from None
         if not answer_signed(self.secret, request_signature(signature), answer.status, answer.body, signed):

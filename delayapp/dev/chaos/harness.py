@@ -26,6 +26,7 @@ import logging
 import random
 import re
 import signal
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -486,10 +487,12 @@ class ChaosRun:
         ceiling of what its partitions' next owners write again if it dies now (0 if it does not answer)."""
         token = client_settings("", self.config.security).read_credential()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        url = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}/delay/stats"
+        url = f"{worker.web_url}/delay/stats"
         try:
             async with (
-                aiohttp.ClientSession(headers=headers) as session,
+                aiohttp.ClientSession(
+                    headers=headers, connector=aiohttp.TCPConnector(ssl=worker.web_ssl_context())
+                ) as session,
                 session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response,
             ):
                 body = await response.json()
@@ -599,11 +602,11 @@ class ChaosRun:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with aiohttp.ClientSession(headers=headers) as session:
             for worker in [w for w in self.workers if w.alive]:
-                base = f"http://127.0.0.1:{worker.env['DELAYAPP_WEB_PORT']}/delay/records/"
+                base, tls = f"{worker.web_url}/delay/records/", worker.web_ssl_context()
 
-                async def answer(rid: str, base: str = base) -> tuple[dict | None] | None:
+                async def answer(rid: str, base: str = base, tls: ssl.SSLContext = tls) -> tuple[dict | None] | None:
                     # 503: the id's partition has no owner yet, or its owner is catching up (ask again)
-                    async with session.get(base + rid) as response:
+                    async with session.get(base + rid, ssl=tls) as response:
                         if response.status == 503:
                             return None
                         return (await response.json() if response.status == 200 else None,)

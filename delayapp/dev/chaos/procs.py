@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -205,6 +206,18 @@ class WorkerProcess:
                 start_new_session=True,
             )
         return self
+
+    @property
+    def web_url(self) -> str:
+        """This worker's web server on the loopback address: https:// when it runs with
+        ``DELAYAPP_WEB_TLS_CERT`` (ask it with :meth:`web_ssl_context`)."""
+        scheme = "https" if self.env.get("DELAYAPP_WEB_TLS_CERT") else "http"
+        return f"{scheme}://127.0.0.1:{self.env['DELAYAPP_WEB_PORT']}"
+
+    def web_ssl_context(self) -> ssl.SSLContext:
+        """How a client verifies this worker's web server, as its peers do (its
+        ``DELAYAPP_WEB_TLS_CA``, else the system's trust store)."""
+        return ssl.create_default_context(cafile=self.env.get("DELAYAPP_WEB_TLS_CA") or None)
 
     @property
     def alive(self) -> bool:
