@@ -472,7 +472,12 @@ def main(argv: list[str] | None = None) -> int:
         default="both",
         help="the backlog section with the audit and read model off, on, or both (default)",
     )
-    parser.add_argument("--json", default="bench-result.json")
+    parser.add_argument(
+        "--json",
+        default=os.path.join("bench", "results", "bench-result.json"),
+        help="where the JSON result goes (default bench/results/bench-result.json, ignored by git: "
+        "a run's figures are not kept in the repository)",
+    )
     args = parser.parse_args(argv)
     backlog_levels = [int(level) for level in args.backlog_levels.split(",") if level.strip()] or None
     backlog_audit = {"both": (False, True), "on": (True,), "off": (False,)}[args.backlog_audit]
@@ -513,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     report.data["broker"] = bootstrap if bootstrap and args.broker else where
     report.data["table"] = report.rows
     print(report.table())
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as fh:
         json.dump(report.data, fh, indent=2, default=str)
     print(f"(result written to {args.json})")
