@@ -123,11 +123,3 @@ def prefer_sources() -> str:
 def status() -> str:
     """Whether this process runs the compiled record path, and if not, why."""
     return _status
-
-
-def running_compiled() -> bool:
-    """True when every module of :data:`MODULES` this process imported is the compiled one."""
-    return all(
-        not (module := sys.modules.get(name)) or str(getattr(module, "__file__", "")).endswith(".so")
-        for name in MODULES
-    )
