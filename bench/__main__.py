@@ -206,8 +206,8 @@ async def run(
                 report.data["profile"][step] = text
                 print(text)
     if "mix" in sections:
+        from bench.mixes import MIXES, REFERENCE_SIZE, histogram
         from delayapp.core.ladder import DEFAULT_LADDER, NINE_DENOMINATION_LADDER, PAPER_STYLE_LADDER
-        from delayapp.core.mixes import MIXES, REFERENCE_SIZE, histogram
         from delayapp.settings import load_settings
 
         # Mean hops of the exact planner, the default against the earlier defaults it replaced
