@@ -39,6 +39,7 @@ from bench import engine, redis_baseline, relay
 from bench.common import machine, repeat, sweep_topics
 from delayapp.core.clock import now_ms
 from delayapp.dev.embedded_broker import EmbeddedBroker
+from delayapp.engine.metadata import forbid_topic_auto_creation
 
 SECTIONS = ("relay", "hops", "mix", "saturation", "lateness", "burst", "skew", "backlog", "recovery", "redis")
 OFFLINE_SECTIONS = {"mix"}  # computed from the planner alone
@@ -474,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", default="bench-result.json")
     args = parser.parse_args(argv)
+    forbid_topic_auto_creation()  # as the app does: no client of the bench's creates a topic by asking for it
     backlog_levels = [int(level) for level in args.backlog_levels.split(",") if level.strip()] or None
     backlog_audit = {"both": (False, True), "on": (True,), "off": (False,)}[args.backlog_audit]
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}

@@ -54,6 +54,7 @@ from delayapp.dev.chaos.procs import (
 from delayapp.dev.chaos.proxy import CuttableProxy
 from delayapp.dev.embedded_broker import EmbeddedBroker, free_port
 from delayapp.dev.state_fold import RecordStateStore
+from delayapp.engine.metadata import forbid_topic_auto_creation
 from delayapp.settings import load_settings
 
 log = logging.getLogger("delayapp.dev.chaos")
@@ -663,6 +664,7 @@ class ChaosRun:
 
     async def run(self) -> ChaosResult:
         """Run everything and always clean up processes."""
+        forbid_topic_auto_creation()  # as the workers' app does: the harness's clients never create a topic either
         c = self.config
         bootstrap = self._start_broker()
         try:
