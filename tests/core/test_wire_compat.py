@@ -20,10 +20,11 @@ from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
 from delayapp.core.policies import LOG_APPEND_TIME, Policy, Wait
 from delayapp.core.readmodel import state_of
-from delayapp.core.released import decode_released, encode_released
+from delayapp.core.released import decode_released
 from delayapp.dev.state_fold import RecordStateStore
 from delayapp.engine.handler import RecordHandler
 from delayapp.statestore.disk import DiskStateStore
+from tests.support.partitions import encode_released
 from tests.support.records import Rec
 from tests.support.wire_formats import (
     CANCEL_RECORD,
