@@ -39,6 +39,7 @@ from bench import engine, redis_baseline, relay
 from bench.common import machine, repeat, sweep_topics
 from delayapp.core.clock import now_ms
 from delayapp.dev.embedded_broker import EmbeddedBroker
+from delayapp.engine.metadata import forbid_topic_auto_creation
 
 SECTIONS = ("relay", "hops", "mix", "saturation", "lateness", "burst", "skew", "backlog", "recovery", "redis")
 OFFLINE_SECTIONS = {"mix"}  # computed from the planner alone
@@ -206,8 +207,8 @@ async def run(
                 report.data["profile"][step] = text
                 print(text)
     if "mix" in sections:
+        from bench.mixes import MIXES, REFERENCE_SIZE, histogram
         from delayapp.core.ladder import DEFAULT_LADDER, NINE_DENOMINATION_LADDER, PAPER_STYLE_LADDER
-        from delayapp.core.mixes import MIXES, REFERENCE_SIZE, histogram
         from delayapp.settings import load_settings
 
         # Mean hops of the exact planner, the default against the earlier defaults it replaced
@@ -479,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         "a run's figures are not kept in the repository)",
     )
     args = parser.parse_args(argv)
+    forbid_topic_auto_creation()  # as the app does: no client of the bench's creates a topic by asking for it
     backlog_levels = [int(level) for level in args.backlog_levels.split(",") if level.strip()] or None
     backlog_audit = {"both": (False, True), "on": (True,), "off": (False,)}[args.backlog_audit]
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}

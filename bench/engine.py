@@ -17,13 +17,14 @@ import psutil
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.common import VALUE_1KB, create_topics, preload, unique
+from bench.greedy import greedy_plan
 from bench.load import MakeRecord, Target, offer, produce, saturation_of, summary, wait_delivered
+from bench.mixes import histogram
 from bench.relay import HEADERS
 from delayapp.core import headers as h
 from delayapp.core.clock import now_ms
 from delayapp.core.ladder import DEFAULT_LADDER, Ladder
-from delayapp.core.mixes import histogram
-from delayapp.core.planner import Planner, greedy_plan
+from delayapp.core.planner import Planner
 from delayapp.dev.chaos.procs import TopicCollector, WorkerProcess, embedded_broker_env, wait_for
 from delayapp.engine.bootstrap import bootstrap_topics
 from delayapp.engine.handler import RecordHandler

@@ -1,7 +1,7 @@
 """``python -m bench.ladders``: how the default ladder was chosen, and what more topics would buy.
 
 For each number of denominations k, the ladder the optimizer's search proposes for both
-reference mixes together (:func:`delayapp.core.mixes.blended_histogram`), keeping 1s and
+reference mixes together (:func:`bench.mixes.blended_histogram`), keeping 1s and
 needing no more hops than the paper-style ladder for any delay up to 7 days; with its mean
 hops on each mix, its worst case and the topics it costs. Pure computation, no broker;
 about 10 minutes per k at the default 15,000 ladders scored (one core of the 2-core bench machine).
@@ -13,10 +13,10 @@ import argparse
 import sys
 import time
 
+from bench.mixes import MIXES, REFERENCE_SIZE, blended_histogram, histogram
 from delayapp.core.durations import parse_duration
 from delayapp.core.ladder import DEFAULT_LADDER, PAPER_STYLE_LADDER, Ladder
 from delayapp.core.layout import TopicLayout
-from delayapp.core.mixes import MIXES, REFERENCE_SIZE, blended_histogram, histogram
 from delayapp.core.planner import Planner
 
 MAX_DELAY = parse_duration("7d")

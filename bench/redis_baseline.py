@@ -30,6 +30,7 @@ from bench.common import VALUE_1KB, create_topics, percentile, unique
 from bench.load import Target, saturation_of
 from delayapp.core.clock import now_ms
 from delayapp.dev.embedded_broker import free_port, wait_for_port
+from delayapp.engine.metadata import forbid_topic_auto_creation
 
 KEY = "blackbox-delay-key"
 
@@ -311,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-port", type=int, required=True)
     parser.add_argument("--poll-s", type=float, default=0.005)
     parser.add_argument("--batch", type=int, default=1000)
+    forbid_topic_auto_creation()  # as every bench process does (bench.__main__)
     asyncio.run(_serve(parser.parse_args(argv)))
     return 0
 

@@ -1,7 +1,9 @@
 """delayapp: a Kafka-native delay subsystem (denomination topics) as a Faust app.
 
 ``faust -A delayapp worker`` finds :data:`app` here. It is imported lazily so that the
-pure core (``delayapp.core``) and the client helpers load without configuring Faust.
+pure core (``delayapp.core``) and the client helpers load without configuring Faust. Importing
+delayapp changes no other library: aiokafka's metadata requests are changed where the app
+starts (:func:`delayapp.engine.metadata.forbid_topic_auto_creation`).
 """
 
 from __future__ import annotations
@@ -15,12 +17,6 @@ __version__ = "0.5.0"  # one source of truth with pyproject.toml's version (test
 from delayapp.compiled import prefer_sources
 
 prefer_sources()
-
-# Before any Kafka client exists in this process: no metadata request of delayapp's (or the
-# Faust app's) may create a topic, so a mistyped target is dead-lettered, never created.
-from delayapp.engine.metadata import forbid_topic_auto_creation  # noqa: E402 (after prefer_sources)
-
-forbid_topic_auto_creation()
 
 
 def __getattr__(name: str) -> Any:

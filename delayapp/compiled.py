@@ -12,8 +12,10 @@ and 6 % off the router's full-path admission (whose decode stays in Python).
 The Python sources stay the reference and the fallback, used instead when
 
 * ``DELAYAPP_PURE_PYTHON=1`` is set (CI runs the unit tests this way as well), or
-* the build is missing or stale: its stamp does not match the sources' digest (a source edited
-  since ``bin/setup``), so an edit is never shadowed by old machine code, or
+* the build is missing or stale: its stamp does not match the sources' digests (a source edited
+  since ``bin/setup``), so an edit is never shadowed by old machine code; a stale build is
+  never skipped silently: a WARNING names the modules whose sources changed, and ``bin/test``
+  and ``bin/demo`` rebuild it first (through ``bin/setup``), or
 * the package is imported from an archive (the Spark jobs ship it zipped to their executors),
   where no extension can load.
 
@@ -27,6 +29,8 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -59,9 +63,12 @@ GROUP = "delayapp._native"
 """The mypyc group's name: its runtime library is ``delayapp/_native__mypyc*.so``."""
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding the delayapp package
-STAMP = PACKAGE_ROOT / "delayapp" / "_native.stamp"  # the digest of the sources the build compiled
+STAMP = PACKAGE_ROOT / "delayapp" / "_native.stamp"  # what the build compiled: each source's digest (JSON)
+
+log = logging.getLogger(__name__)
 
 _status = "not decided"
+_stale: tuple[str, ...] = ()
 
 
 def source_path(module: str) -> Path:
@@ -69,21 +76,33 @@ def source_path(module: str) -> Path:
     return PACKAGE_ROOT.joinpath(*module.split(".")).with_suffix(".py")
 
 
-def sources_digest() -> str:
-    """A digest of the compiled modules' sources and of the Python that runs them."""
-    digest = hashlib.sha256(sys.version.encode())
-    for module in MODULES:
-        digest.update(module.encode())
-        digest.update(source_path(module).read_bytes())
-    return digest.hexdigest()
+def stamp_text() -> str:
+    """What a build made from the sources as they are now writes to :data:`STAMP`: the Python
+    that runs them and each compiled module's source digest."""
+    digests = {module: hashlib.sha256(source_path(module).read_bytes()).hexdigest() for module in MODULES}
+    return json.dumps({"python": sys.version, "modules": digests}, indent=1, sort_keys=True) + "\n"
+
+
+def stale_modules() -> list[str]:
+    """The modules whose build is not made from their sources as they are now, sorted: a source
+    edited since the build, a module added to or dropped from :data:`MODULES` since (a dropped
+    one's extension would still load), or all of them when the build is for another Python or
+    its stamp is unreadable. Empty when the build is current; all of :data:`MODULES` when there
+    is none."""
+    try:
+        built = json.loads(STAMP.read_text())
+        if built.get("python") != sys.version:
+            return sorted(MODULES)
+        had: dict[str, str] = dict(built["modules"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, or a stamp of another format
+        return sorted(MODULES)
+    now = json.loads(stamp_text())["modules"]
+    return sorted(module for module in set(now) | set(had) if had.get(module) != now.get(module))
 
 
 def build_is_current() -> bool:
     """True when a build exists and was made from the sources as they are now."""
-    try:
-        return STAMP.read_text().strip() == sources_digest()
-    except OSError:  # no stamp, or sources not in a directory
-        return False
+    return STAMP.exists() and not stale_modules()
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):
@@ -101,7 +120,7 @@ class _SourceFinder(importlib.abc.MetaPathFinder):
 def prefer_sources() -> str:
     """Decide, once per process, whether the compiled modules or their sources run; return
     :func:`status`. Must run before any of :data:`MODULES` is imported."""
-    global _status
+    global _status, _stale
     if _status != "not decided":
         return _status
     if not Path(__file__).is_file():  # imported from an archive (Spark ships the package zipped)
@@ -111,8 +130,16 @@ def prefer_sources() -> str:
         _status = f"pure Python ({PURE_PYTHON_ENV} is set)"
     elif not STAMP.exists():
         _status = "pure Python (not compiled: run bin/setup)"
-    elif not build_is_current():
+    elif stale := stale_modules():
+        # Never silently: the sources run (an edit is never shadowed by old machine code), but a
+        # worker meant to run compiled is slower than it should be until bin/setup rebuilds.
+        _stale = tuple(stale)
         _status = "pure Python (the compiled build is older than the sources: run bin/setup)"
+        log.warning(
+            "delayapp: the compiled record path is older than the sources of %s; running the sources instead "
+            "(bin/setup, bin/test and bin/demo rebuild it: python -m delayapp.dev.compile)",
+            ", ".join(stale),
+        )
     else:
         _status = "compiled (mypyc)"
         return _status
@@ -125,9 +152,6 @@ def status() -> str:
     return _status
 
 
-def running_compiled() -> bool:
-    """True when every module of :data:`MODULES` this process imported is the compiled one."""
-    return all(
-        not (module := sys.modules.get(name)) or str(getattr(module, "__file__", "")).endswith(".so")
-        for name in MODULES
-    )
+def stale() -> tuple[str, ...]:
+    """The modules :func:`prefer_sources` found built from older sources (why the sources run), if any."""
+    return _stale

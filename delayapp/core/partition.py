@@ -141,11 +141,6 @@ class PartitionState:
             if pending:
                 self.wait_until = min(self.wait_until, min(pending))
 
-    @property
-    def has_pending(self) -> bool:
-        """True when a fetched record is neither released nor committed."""
-        return len(self.queue) > len(self._ahead)
-
     def ready(self, now: int) -> bool:
         """True when the partition holds records and is not waiting (a release pass would act)."""
         return bool(self.queue) and (self.wait_until is None or self.wait_until <= now)

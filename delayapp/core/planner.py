@@ -266,19 +266,6 @@ def expected_hops(denominations: Sequence[int], histogram: Histogram) -> float:
     return planner.expected_hops(histogram)
 
 
-def greedy_plan(ladder: Ladder, remaining_ms: int) -> list[Hop]:
-    """The paper's greedy change-making (largest fitting denomination first, remainder on the
-    smallest topic rounded up), kept as the reference the benchmarks compare against."""
-    hops: list[Hop] = []
-    left = remaining_ms
-    while left > 0:
-        fitting = [d for d in ladder.denominations if d <= left]
-        d = fitting[-1] if fitting else ladder.smallest
-        hops.append(Hop(d, d))
-        left -= d
-    return hops
-
-
 def _cut_off(coins: tuple[int, ...]) -> int:
     """The amount above which every minimal full-hop plan contains the largest coin (module
     docstring): ``sum((m_i - 1) * c_i)``, ``m_i`` the fewest coins of ``c_i`` worth swapping

@@ -33,16 +33,6 @@ def encode_bitmap(bits: int) -> str:
     return PREFIX + base64.b64encode(bits.to_bytes((bits.bit_length() + 7) >> 3, "little")).decode("ascii")
 
 
-def encode_released(commit_offset: int, released: set[int]) -> str:
-    """Metadata for ``released`` offsets beyond ``commit_offset`` (those at or below it are
-    committed already); "" when none is beyond."""
-    bits = 0
-    for offset in released:
-        if offset >= commit_offset:
-            bits |= 1 << (offset - commit_offset)
-    return encode_bitmap(bits)
-
-
 def decode_released(commit_offset: int, metadata: str | None) -> set[int]:
     """The released offsets a commit's metadata names (empty for anything unrecognised)."""
     if not metadata:

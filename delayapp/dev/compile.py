@@ -1,9 +1,12 @@
 """``python -m delayapp.dev.compile``: compile the record path (:data:`delayapp.compiled.MODULES`)
 with mypyc and the machine's C compiler, in place; ``bin/setup`` runs it.
 
-Does nothing when the build is current (its stamp matches the sources). ``--clean`` removes the
-build (the sources run). A failed build leaves no ``.so`` behind and exits non-zero with the
-compiler's message: set ``DELAYAPP_PURE_PYTHON=1`` to run without one.
+Does nothing when the build is current (its stamp matches the sources), and builds again when it
+is older than its sources (``bin/setup`` runs it, and ``bin/test`` and ``bin/demo`` run
+``bin/setup`` first, so neither runs on a stale build). ``--check`` only says whether a build is
+needed (exit 1, naming the modules). ``--clean`` removes the build (the sources run). A failed
+build leaves no ``.so`` behind and exits non-zero with the compiler's message: set
+``DELAYAPP_PURE_PYTHON=1`` to run without one.
 """
 
 from __future__ import annotations
@@ -16,7 +19,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from delayapp.compiled import GROUP, MODULES, PACKAGE_ROOT, STAMP, build_is_current, source_path, sources_digest
+from delayapp.compiled import (
+    GROUP,
+    MODULES,
+    PACKAGE_ROOT,
+    STAMP,
+    build_is_current,
+    source_path,
+    stale_modules,
+    stamp_text,
+)
 
 # mypyc reads the project's mypy settings unless told otherwise; the build needs only these
 # (the strict checks run in CI's own mypy step)
@@ -53,6 +65,8 @@ def build(*, force: bool = False) -> bool:
     if not force and build_is_current():
         print("delayapp: the record path is compiled and current")
         return True
+    if STAMP.exists() and not force:
+        print(f"delayapp: the compiled record path is older than the sources of {', '.join(stale_modules())}")
     clean()
     print(f"delayapp: compiling the record path ({len(MODULES)} modules, mypyc); about a minute")
     with tempfile.TemporaryDirectory(prefix="delayapp-compile-") as scratch:
@@ -74,7 +88,7 @@ def build(*, force: bool = False) -> bool:
         sys.stderr.write(result.stdout[-4000:] + result.stderr[-4000:])
         print("delayapp: compiling the record path FAILED (above); DELAYAPP_PURE_PYTHON=1 runs without it")
         return False
-    STAMP.write_text(sources_digest() + "\n")
+    STAMP.write_text(stamp_text())
     print("delayapp: the record path is compiled")
     return True
 
@@ -83,10 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m delayapp.dev.compile", description=__doc__)
     parser.add_argument("--clean", action="store_true", help="remove the build (the sources run)")
     parser.add_argument("--force", action="store_true", help="compile even when the build is current")
+    parser.add_argument("--check", action="store_true", help="exit 1, naming the modules, when a build is needed")
     args = parser.parse_args(argv)
     if args.clean:
         clean()
         return 0
+    if args.check:
+        if build_is_current():
+            print("delayapp: the record path is compiled and current")
+            return 0
+        stale = "not compiled" if not STAMP.exists() else "older than the sources of " + ", ".join(stale_modules())
+        print(f"delayapp: the compiled record path is {stale}")
+        return 1
     return 0 if build(force=args.force) else 1
 
 

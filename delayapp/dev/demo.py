@@ -22,6 +22,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from delayapp.client import schedule
 from delayapp.core.durations import format_duration, parse_duration
+from delayapp.engine.metadata import forbid_topic_auto_creation
 from delayapp.settings import load_settings
 
 TARGET = "demo.orders"
@@ -152,6 +153,7 @@ async def show_deliveries(kafka: dict, engine_ready: asyncio.Event) -> None:
 
 
 async def main() -> None:
+    forbid_topic_auto_creation()  # as the app does: the demo's clients never create a topic by asking for it
     settings = load_settings()
     ingress = f"{settings.topic_prefix}.ingress"
     kafka = settings.kafka_client_kwargs()

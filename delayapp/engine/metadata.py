@@ -20,14 +20,18 @@ _PATCHED = "_delayapp_no_auto_create"
 def forbid_topic_auto_creation() -> None:
     """Make every aiokafka metadata request of this process refuse topic auto-creation.
 
-    aiokafka builds its metadata requests deep inside its clients (producer ``send``,
-    consumer subscriptions, the admin client) with auto-creation allowed and no option to
-    change it, so the request's default is changed once, here, for every client at once
-    (delayapp's and the Faust app's). Idempotent.
+    Why a patch: aiokafka builds its metadata requests deep inside its clients (producer
+    ``send``, consumer subscriptions, the admin client) with auto-creation allowed and no option
+    to change it, so the request's default is changed, for every client at once (delayapp's and
+    the Faust app's). It is a change to another library, so it is never made on import: call it
+    once where a process starts, before its first aiokafka client. The app does
+    (:mod:`delayapp.faustapp.app`), as do the bench, the chaos harness and the demo; a process
+    that only imports delayapp (a producer calling :mod:`delayapp.client`) keeps aiokafka as it
+    was. Idempotent.
     """
-    request = _metadata.MetadataRequest
-    if getattr(request.__init__, _PATCHED, False):
+    if topic_auto_creation_forbidden():
         return
+    request = _metadata.MetadataRequest
     original = request.__init__
 
     def __init__(self: Any, topics: list[str] | None = None, allow_auto_topic_creation: bool | None = False) -> None:
@@ -35,6 +39,11 @@ def forbid_topic_auto_creation() -> None:
 
     setattr(__init__, _PATCHED, True)
     request.__init__ = __init__  # the only hook aiokafka offers
+
+
+def topic_auto_creation_forbidden() -> bool:
+    """True once :func:`forbid_topic_auto_creation` has run in this process."""
+    return bool(getattr(_metadata.MetadataRequest.__init__, _PATCHED, False))
 
 
 async def topic_partitions(consumer: Any, topics: Iterable[str]) -> dict[str, set[int]]:

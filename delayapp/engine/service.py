@@ -121,7 +121,11 @@ class DelayEngine(Service):
         started = time.monotonic()
         self.planner = settings.planner
         log.info("planner ready for ladder %s in %.0f ms", settings.ladder, (time.monotonic() - started) * 1000)
-        log.info("delayapp %s, record path: %s", __version__, compiled.status())  # the version: CHANGELOG.md
+        if compiled.stale():  # a build older than its sources: said in the worker's log, not only at import
+            stale = ", ".join(compiled.stale())
+            log.warning("delayapp %s, record path: %s; stale: %s", __version__, compiled.status(), stale)
+        else:
+            log.info("delayapp %s, record path: %s", __version__, compiled.status())  # the version: CHANGELOG.md
         self.policy = build_policy(settings, self.layout)
         self.known_topics = KnownTopics(settings.kafka_client_kwargs())
         self.cancellations = CancelRegistry(

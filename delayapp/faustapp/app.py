@@ -22,6 +22,7 @@ import faust
 from delayapp.compat.loops import compat_loops
 from delayapp.engine.bootstrap import bootstrap_topics
 from delayapp.engine.connect import check_broker_access
+from delayapp.engine.metadata import forbid_topic_auto_creation
 from delayapp.engine.service import DelayEngine
 from delayapp.engine.stats import MALFORMED_RECORDS
 from delayapp.faustapp import driver as faust_driver
@@ -34,6 +35,11 @@ from delayapp.statestore.remote import Router
 from delayapp.statestore.service import PartitionedStates
 
 log = logging.getLogger(__name__)
+
+# The app starts here (``faust -A delayapp`` imports this module before it builds any client):
+# from now on no aiokafka metadata request of this process, delayapp's or Faust's, may create a
+# topic, so a mistyped target is dead-lettered, never created.
+forbid_topic_auto_creation()
 
 settings: Settings = load_settings()
 layout = settings.topic_layout()

@@ -20,9 +20,9 @@ One store per worker holds, for the ``record-states`` partitions it owns or owne
 Each fetched batch of a partition is written as one RocksDB write batch together with its next
 offset, so the store never holds a state without the offset past it, nor the reverse: a worker
 killed at any point resumes from the offset its store holds and folds the same records again
-(folding is idempotent: :func:`step_order` ranks them). The fold itself is
-:class:`delayapp.core.readmodel.RecordStateStore`'s: a tombstone forgets the id, a step not
-further along than the held one is ignored.
+(folding is idempotent: :func:`step_order` ranks them). The fold itself is the read model's
+(:mod:`delayapp.core.readmodel`): a tombstone forgets the id, a step not further along than the
+held one is ignored; the tests hold it to :class:`delayapp.dev.state_fold.RecordStateStore`.
 
 Memory is the block cache and two write buffers (``cache_bytes`` each), the due counts of
 the owned partitions (one entry per non-empty :data:`DUE_BUCKET_MS` bucket), the latest

@@ -9,9 +9,7 @@ from collections import Counter
 
 import pytest
 
-from delayapp.core.durations import parse_duration
-from delayapp.core.ladder import DEFAULT_LADDER, NINE_DENOMINATION_LADDER, PAPER_STYLE_LADDER, Ladder
-from delayapp.core.mixes import (
+from bench.mixes import (
     MIXES,
     REFERENCE_SIZE,
     blended_histogram,
@@ -19,6 +17,8 @@ from delayapp.core.mixes import (
     realistic_mix,
     skewed_mix,
 )
+from delayapp.core.durations import parse_duration
+from delayapp.core.ladder import DEFAULT_LADDER, NINE_DENOMINATION_LADDER, PAPER_STYLE_LADDER, Ladder
 from delayapp.core.planner import Planner, expected_hops
 from delayapp.settings import load_settings
 

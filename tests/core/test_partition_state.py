@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from delayapp.core import partition
 from delayapp.core.partition import PartitionState, Pending
 from delayapp.core.policies import Wait
-from delayapp.core.released import MAX_METADATA_CHARS, MAX_RELEASED_SPAN, decode_released, encode_released
-from tests.support.partitions import NOW, ScanningPartition, fetched
+from delayapp.core.released import MAX_METADATA_CHARS, MAX_RELEASED_SPAN, decode_released
+from tests.support.partitions import NOW, ScanningPartition, encode_released, fetched
 
 
 def handled_offsets(part: PartitionState, now: int = NOW, *, release_ahead: bool = True) -> list[int]:

@@ -8,9 +8,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from bench.greedy import greedy_plan
 from delayapp.core.durations import parse_duration
 from delayapp.core.ladder import DEFAULT_LADDER, Ladder
-from delayapp.core.planner import Hop, Planner, greedy_plan
+from delayapp.core.planner import Hop, Planner
 from delayapp.settings import Settings
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayapp.core.released import MAX_METADATA_CHARS, MAX_RELEASED_SPAN, decode_released, encode_released
+from delayapp.core.released import MAX_METADATA_CHARS, MAX_RELEASED_SPAN, decode_released
+from tests.support.partitions import encode_released
 
 
 def test_released_offsets_round_trip_through_commit_metadata() -> None:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from delayapp.core.partition import PartitionState
-from delayapp.core.released import encode_released
 from delayapp.core.uncommitted import written_not_committed
-from tests.support.partitions import NOW, fetched
+from tests.support.partitions import NOW, encode_released, fetched
 
 
 def released(part: PartitionState) -> None:

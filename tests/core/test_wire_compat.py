@@ -19,10 +19,12 @@ from delayapp.core.ladder import Ladder
 from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
 from delayapp.core.policies import LOG_APPEND_TIME, Policy, Wait
-from delayapp.core.readmodel import RecordStateStore, state_of
-from delayapp.core.released import decode_released, encode_released
+from delayapp.core.readmodel import state_of
+from delayapp.core.released import decode_released
+from delayapp.dev.state_fold import RecordStateStore
 from delayapp.engine.handler import RecordHandler
 from delayapp.statestore.disk import DiskStateStore
+from tests.support.partitions import encode_released
 from tests.support.records import Rec
 from tests.support.wire_formats import (
     CANCEL_RECORD,
@@ -215,7 +217,7 @@ def _expected_finals(records: tuple[tuple[bytes, bytes], ...]) -> dict[bytes, st
 @pytest.mark.parametrize("order", ["as written", "reversed"])
 def test_todays_fold_reads_every_old_record_states_value_to_its_final_state(name: str, order: str) -> None:
     records = STATE_FORMATS[name]
-    fold = RecordStateStore(ttl_ms=86_400_000)
+    fold = RecordStateStore()
     for key, value in records if order == "as written" else reversed(records):
         fold.apply(key, value)
     assert fold.malformed == 0
@@ -252,7 +254,7 @@ def test_the_disk_fold_reads_every_old_record_states_value(name: str, tmp_path: 
 def test_a_record_that_entered_under_an_older_version_ends_under_a_newer_one(older: str, newer: str) -> None:
     """An upgrade while records wait: each record's entry step written by the older version,
     the rest by the newer; the fold ends each where its life ended, whatever the mix."""
-    fold = RecordStateStore(ttl_ms=86_400_000)
+    fold = RecordStateStore()
     old, new = STATE_FORMATS[older], STATE_FORMATS[newer]
     entered: set[bytes] = set()
     for key, value in old:

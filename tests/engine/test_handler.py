@@ -168,9 +168,9 @@ def test_a_delay_topic_record_whose_packed_state_is_malformed_is_dead_lettered_a
 
 def _folded(*outputs) -> dict:
     """The read-model state of record ``r`` after folding these outputs' steps, in this order."""
-    from delayapp.core.readmodel import RecordStateStore
+    from delayapp.dev.state_fold import RecordStateStore
 
-    store = RecordStateStore(ttl_ms=86_400_000)
+    store = RecordStateStore()
     for out in outputs:
         store.apply(b"r", out.audit.encode(out.topic, 0, 1))
     state = store.get(b"r")

@@ -28,6 +28,7 @@ from delayapp.core.planner import Planner
 from delayapp.engine.bootstrap import bootstrap_topics, keeps_commit_metadata
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.loop import HopLoop
+from delayapp.engine.metadata import forbid_topic_auto_creation
 from delayapp.engine.service import build_policy
 from delayapp.settings import load_settings
 from tests.support.kafka import (
@@ -64,8 +65,10 @@ async def topic_exists(bootstrap: str, name: str) -> bool:
 
 
 async def test_asking_for_a_missing_topic_never_creates_it(bootstrap: str) -> None:
-    """Every aiokafka client in a process that imported delayapp asks for metadata with
-    auto-creation off: a send to a missing topic fails instead of creating it."""
+    """Every aiokafka client in a process where delayapp's app started (which forbids topic
+    auto-creation, as this process's broker fixture does) asks for metadata with auto-creation
+    off: a send to a missing topic fails instead of creating it."""
+    forbid_topic_auto_creation()  # what the app's start does (tests/engine/test_metadata.py)
     missing = unique("never-created-")
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=3_000)
     await p.start()

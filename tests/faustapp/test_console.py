@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayapp.core.readmodel import RecordStateStore
 from delayapp.core.replay import DeadLetterInfo
 from delayapp.faustapp import console as c
 from delayapp.faustapp.views import _Problem, replay_request
@@ -205,16 +204,6 @@ def test_due_histogram_of_counts_is_the_histogram_of_the_records(dues: list) -> 
     for due in dues:
         counts[due] = counts.get(due, 0) + 1
     assert c.due_histogram_counts(counts, now_ms=NOW) == c.due_histogram(dues, now_ms=NOW)
-
-
-def test_store_lists_waiting_states_and_recent_finals() -> None:
-    store = RecordStateStore(ttl_ms=c.DAY)
-    store.apply(b"a", b'{"record_id":"a","status":"waiting","seq":1,"reactivate_at":5}')
-    store.apply(b"b", b'{"record_id":"b","status":"waiting","seq":1}')
-    store.apply(b"b", b'{"record_id":"b","status":"delivered","seq":2,"lateness_ms":3}')
-    assert [s["record_id"] for s in store.waiting(10)] == ["a"]
-    assert list(store.waiting(0)) == []
-    assert [s["record_id"] for s in store.finals()] == ["b"]
 
 
 def test_replay_request_is_checked() -> None:

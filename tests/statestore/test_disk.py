@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
-from delayapp.core.readmodel import RecordStateStore
+from delayapp.dev.state_fold import RecordStateStore
 from delayapp.statestore.disk import DUE_BUCKET_MS, NO_DUE, DiskStateStore, due_bucket
 from delayapp.statestore.errors import StoreUnavailable
 from delayapp.statestore.lineage import LogIdentity
@@ -85,7 +85,7 @@ records = st.lists(
 def test_folds_exactly_as_the_reference_fold(batches: list) -> None:
     """Whatever the steps, tombstones and batching: the same states as RecordStateStore,
     and due counts equal to a recount of its waiting states."""
-    reference = RecordStateStore(ttl_ms=1_000)
+    reference = RecordStateStore()
     with tempfile.TemporaryDirectory() as tmp:
         store = DiskStateStore(Path(tmp) / "s", ttl_ms=1_000)
         store.load(0)

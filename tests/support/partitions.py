@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 from delayapp.core.partition import Pending
+from delayapp.core.released import encode_bitmap
 
 NOW = 1_800_000_000_000
+
+
+def encode_released(commit_offset: int, released: set[int]) -> str:
+    """The commit metadata naming ``released`` offsets beyond ``commit_offset`` (those at or below
+    it are committed already), as a partition writes it (:func:`~delayapp.core.released.encode_bitmap`)."""
+    bits = 0
+    for offset in released:
+        if offset >= commit_offset:
+            bits |= 1 << (offset - commit_offset)
+    return encode_bitmap(bits)
 
 
 def fetched(*offsets: int, awake: dict[int, int] | None = None) -> list[Pending]:

@@ -751,5 +751,5 @@ COMMIT_METADATA: dict[str, tuple[int, str]] = {
     "0.3.0 bitmap": (100, "released~OAIAAAAABA=="),
 }
 """A delay topic's commit at offset 100, its metadata naming what was released ahead of it, as
-each version's ``encode_released(100, RELEASED_AHEAD)`` wrote it."""
+each version wrote it (``tests.support.partitions.encode_released(100, RELEASED_AHEAD)`` today)."""
 RELEASED_AHEAD = frozenset({103, 104, 105, 109, 150})

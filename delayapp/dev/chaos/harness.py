@@ -41,7 +41,6 @@ from aiokafka import AIOKafkaProducer
 from delayapp.core import headers as h
 from delayapp.core.audit import RecordStatus, audit_record_events
 from delayapp.core.clock import now_ms
-from delayapp.core.readmodel import RecordStateStore
 from delayapp.dev.chaos.listeners import WorkerListener, probe_advertised, probe_listeners
 from delayapp.dev.chaos.procs import (
     TopicCollector,
@@ -55,6 +54,8 @@ from delayapp.dev.chaos.procs import (
 )
 from delayapp.dev.chaos.proxy import CuttableProxy
 from delayapp.dev.embedded_broker import EmbeddedBroker, free_port
+from delayapp.dev.state_fold import RecordStateStore
+from delayapp.engine.metadata import forbid_topic_auto_creation
 from delayapp.settings import load_settings
 
 log = logging.getLogger("delayapp.dev.chaos")
@@ -552,14 +553,14 @@ class ChaosRun:
         """Compare the read model with the ``timeRetried`` recounted from the delivered records.
 
         Every id is checked in the record-states topic folded as a worker folds it (read
-        committed, :class:`~delayapp.core.readmodel.RecordStateStore`), so a step the engine never
+        committed, :class:`~delayapp.dev.state_fold.RecordStateStore`), so a step the engine never
         wrote, or an aborted step applied, shows here; a sample is also asked of each live
         worker's ``/delay/records/{id}`` (what users see)."""
         topic = f"{self.prefix}.record-states"
         collector = await TopicCollector(bootstrap, [topic], self.config.security).start()
 
         def folded() -> RecordStateStore:
-            store = RecordStateStore(ttl_ms=10**12)
+            store = RecordStateStore()
             for record in collector.on(topic):
                 store.apply(record.key, record.value)
             return store
@@ -666,6 +667,7 @@ class ChaosRun:
 
     async def run(self) -> ChaosResult:
         """Run everything and always clean up processes."""
+        forbid_topic_auto_creation()  # as the workers' app does: the harness's clients never create a topic either
         c = self.config
         bootstrap = self._start_broker()
         try:
