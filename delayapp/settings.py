@@ -293,7 +293,7 @@ class Settings(BaseSettings):
         description="URL other workers reach this one at (routed lookups, Faust's table-routed views); "
         "default http://<web_host>:<web_port>, https:// with DELAYAPP_WEB_TLS_CERT (an http:// one is then refused)",
     )
-    # -- TLS of the web server (issue 37, item 4) ---------------------------------------------
+    # -- TLS of the web server ------------------------------------------------------------------
     web_tls_cert: str | None = Field(
         None,
         description="PEM file of the web server's certificate chain (this worker's certificate first; its names "
@@ -308,7 +308,6 @@ class Settings(BaseSettings):
         description="PEM CA bundle this worker verifies other workers' certificates with (routed lookups, the "
         "console's due counts; the status command, the worker's); unset: the system's trust store",
     )
-    # -- end of TLS of the web server ---------------------------------------------------------
     recovery_consistency_check: bool = Field(
         True,
         description="Faust's table-recovery offset check; "

@@ -10,30 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq, published
-from delayapp.dev.state_fold import RecordStateStore
 from delayapp.faustapp import driver as faust_driver
+from tests.support.states import state, written
 
 WAITING, DELIVERED = RecordStatus.WAITING, RecordStatus.DELIVERED
 DEAD_LETTERED, CANCELLED = RecordStatus.DEAD_LETTERED, RecordStatus.CANCELLED
-
-
-def state(record_id: str, status: RecordStatus, at: int, retries: int = 0, hops: int = 1) -> dict:
-    return {
-        "record_id": record_id,
-        "status": status,
-        "at": at,
-        "seq": audit_seq(retries, hops, status),
-        "retries": retries,
-        "hops": hops,
-    }
-
-
-def written(*events: dict) -> RecordStateStore:
-    """A fold of ``events`` as the record-states topic holds them (key = record id)."""
-    store = RecordStateStore()
-    for event in events:
-        store.apply(event["record_id"].encode(), orjson.dumps(event))
-    return store
 
 
 def apply(events: list[dict]) -> dict | None:

@@ -7,27 +7,9 @@ import orjson
 
 from delayapp.core.audit import RecordStatus, audit_seq
 from delayapp.dev.state_fold import RecordStateStore
+from tests.support.states import state, written
 
 WAITING, DELIVERED = RecordStatus.WAITING, RecordStatus.DELIVERED
-
-
-def state(record_id: str, status: RecordStatus, at: int, retries: int = 0, hops: int = 1) -> dict:
-    return {
-        "record_id": record_id,
-        "status": status,
-        "at": at,
-        "seq": audit_seq(retries, hops, status),
-        "retries": retries,
-        "hops": hops,
-    }
-
-
-def written(*events: dict) -> RecordStateStore:
-    """A fold of ``events`` as the record-states topic holds them (key = record id)."""
-    store = RecordStateStore()
-    for event in events:
-        store.apply(event["record_id"].encode(), orjson.dumps(event))
-    return store
 
 
 def test_the_store_folds_the_topic_as_merge_does_and_keeps_no_more_than_the_fields() -> None:

@@ -12,7 +12,16 @@ from delayapp.core import headers as h
 from delayapp.core.audit import audit_record_events
 from delayapp.core.clock import now_ms
 from delayapp.settings import load_settings
-from tests.support.kafka import TEST_LADDER, Collector, Worker, create_topics, producer, unique, wait_for
+from tests.support.kafka import (
+    TEST_LADDER,
+    Collector,
+    Worker,
+    create_topics,
+    producer,
+    schedule_all,
+    unique,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -334,14 +343,7 @@ async def test_record_view_answers_from_whichever_worker_is_asked(bootstrap: str
             "both workers to share the table",
         )
         ids = [f"routed-{i}" for i in range(8)]  # spread over the table's partitions
-        p = await producer(bootstrap)
-        try:
-            for rid in ids:
-                await schedule(
-                    p, target, b"v", key=rid.encode(), delay=300, record_id=rid, ingress_topic=f"{prefix}.ingress"
-                )
-        finally:
-            await p.stop()
+        await schedule_all(bootstrap, prefix, target, ids)
         async with aiohttp.ClientSession() as session:
 
             async def status(w: Worker, rid: str):

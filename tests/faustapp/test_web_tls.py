@@ -10,10 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from delayapp.client import schedule
 from delayapp.statestore.routing import partition_of
 from tests.faustapp.test_commands_kafka import cli
-from tests.support.kafka import Worker, create_topics, producer, unique, wait_for
+from tests.support.kafka import Worker, create_topics, schedule_all, unique, wait_for
 from tests.support.tls import WebCerts, web_certs
 
 pytestmark = pytest.mark.integration
@@ -69,17 +68,6 @@ def ids_owned(partitions: set[int], name: str, count: int) -> list[str]:
     """``count`` record ids whose record-states partition is among ``partitions``."""
     found = (f"{name}-{i}" for i in range(10_000))
     return [rid for rid in found if partition_of(rid, PARTITIONS) in partitions][:count]
-
-
-async def schedule_all(bootstrap: str, prefix: str, target: str, ids: list[str]) -> None:
-    p = await producer(bootstrap)
-    try:
-        for rid in ids:
-            await schedule(
-                p, target, b"v", key=rid.encode(), delay=300, record_id=rid, ingress_topic=f"{prefix}.ingress"
-            )
-    finally:
-        await p.stop()
 
 
 async def test_workers_with_tls_answer_lookups_of_each_others_records_over_verified_https(

@@ -21,6 +21,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
+from delayapp.client import schedule
 from delayapp.core import headers as h
 from delayapp.core.durations import parse_duration
 from delayapp.core.planner import Planner
@@ -42,6 +43,7 @@ __all__ = [
     "produce",
     "producer",
     "read_all",
+    "schedule_all",
     "unique",
     "wait_for",
     "TEST_LADDER",
@@ -223,3 +225,15 @@ class Worker(WorkerProcess):
     async def wait_ready(self, loops: int = 1 + len(TEST_LADDER.split(",")), timeout: float = 90) -> Worker:  # type: ignore[override]
         await super().wait_ready(loops, timeout)
         return self
+
+
+async def schedule_all(bootstrap: str, prefix: str, target: str, ids: list[str], delay: int = 300) -> None:
+    """Schedule one record per id in ``ids`` to ``target`` through ``prefix``'s ingress, ``delay`` ms out."""
+    p = await producer(bootstrap)
+    try:
+        for rid in ids:
+            await schedule(
+                p, target, b"v", key=rid.encode(), delay=delay, record_id=rid, ingress_topic=f"{prefix}.ingress"
+            )
+    finally:
+        await p.stop()
