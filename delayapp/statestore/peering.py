@@ -39,7 +39,7 @@ PEER_HEADER = "X-Delayapp-Peer"
 #: The answer header that carries the owner's signature over the request's, the status and the body.
 ANSWER_HEADER = "X-Delayapp-Peer-Answer"
 #: How far a signed request's time may be from the receiver's clock, either way (ms).
-REPLAY_WINDOW_MS = 30_000
+REPLAY_WINDOW_MS = 60_000  # DELAYAPP_PEER_REPLAY_WINDOW's default
 
 _MEMBER = b"delayapp-member\n"
 _TABLE = b"delayapp-owners\n"
