@@ -31,6 +31,7 @@ from typing import Final
 from delayapp.core import headers as h
 from delayapp.core.audit import RecordStatus, audit_seq
 from delayapp.core.cancel import CancelRequest, applies_to
+from delayapp.core.event_json import encode_event
 from delayapp.core.hop import LeanHeaders, TargetNames, is_record_id_at, read_number
 from delayapp.core.planner import Planner
 from delayapp.core.policies import LOG_APPEND_TIME, Policy, stable_record_id
@@ -79,23 +80,6 @@ class LeanAdmitted:
         self.record_id = record_id
         self.at = at
         self.encoded = encoded
-
-
-def entry_json(
-    record_id: str, *, at: int, target: str, awake_at: int, due: int, source: str, delayed_at: int, topic: str
-) -> bytes:
-    """The entry step of an admitted record as :meth:`AuditEvent.encode` writes
-    ``waiting(...)`` (no retry, its first hop, the normal lane, no rate-limit slot, not
-    replayed; written to delay topic ``topic``, partition and offset unknown), made as text
-    (as :func:`delayapp.core.hop.delivered_json`, and safe as text for the same reasons)."""
-    if '"' in record_id or "\\" in record_id:
-        record_id = record_id.replace("\\", "\\\\").replace('"', '\\"')
-    return (
-        f'{{"record_id":"{record_id}","status":"waiting","at":{at},"seq":{_ENTRY_SEQ},"retries":0,'
-        f'"hops":1,"target":"{target}","awake_at":{awake_at},"reactivate_at":{due},"lateness_ms":null,'
-        f'"reason":null,"source":"{source}","priority":false,"throttled_until":null,"delayed_at":{delayed_at},'
-        f'"replays":0,"topic":"{topic}","partition":null,"offset":null}}'
-    ).encode()
 
 
 def _number(raw: bytes | None) -> int:
@@ -231,7 +215,28 @@ class LeanAdmission:
             )
         )
         source = f"{where[0]}/{where[1]}/{offset}"
-        encoded = entry_json(
-            record_id, at=now, target=target, awake_at=awake, due=due, source=source, delayed_at=timestamp, topic=topic
+        # the event waiting(...) makes: no retry, its first hop, the normal lane, no rate-limit
+        # slot, not replayed; written to delay topic ``topic``, partition and offset unknown
+        encoded = encode_event(
+            record_id,
+            "waiting",
+            now,
+            _ENTRY_SEQ,
+            0,
+            1,
+            target,
+            awake,
+            due,
+            None,  # lateness_ms
+            None,  # reason
+            source,
+            False,
+            None,  # throttled_until
+            timestamp,  # delayed_at
+            0,  # replays
+            None,  # by: a step, no call
+            topic,
+            None,
+            None,
         )
         return LeanAdmitted(topic, key, value, kept, record_id, now, encoded)

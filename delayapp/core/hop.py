@@ -38,6 +38,7 @@ from delayapp.core import headers as h
 from delayapp.core.audit import RecordStatus, audit_seq
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
+from delayapp.core.event_json import encode_event
 from delayapp.core.planner import Planner
 from delayapp.core.policies import Policy, Wait
 
@@ -115,7 +116,8 @@ class LeanHop:
 class LeanDelivery:
     """A delivery: write the fetched record to its target ``topic`` with ``headers``, and publish
     its step, ``encoded`` as :meth:`delayapp.core.audit.AuditEvent.encode` writes the event
-    :func:`delayapp.core.audit.delivered` makes (a test holds them byte for byte together).
+    :func:`delayapp.core.audit.delivered` makes (the same encoder writes both; a test holds them
+    byte for byte together).
 
     Its other attributes are the fields of that event the loop's counters and metrics read, by
     the event's names (``status``, ``target``, ``lateness_ms``...): no event is built on this path."""
@@ -163,43 +165,6 @@ class LeanDelivery:
     def target(self) -> str:
         """The target topic (the audit event's name for it)."""
         return self.topic
-
-
-def _json_or_null(value: int | None) -> str:
-    return "null" if value is None else str(value)
-
-
-def delivered_json(
-    record_id: str,
-    *,
-    at: int,
-    retries: int,
-    hops: int,
-    target: str,
-    due: int,
-    source: str,
-    priority: bool,
-    throttled_until: int | None,
-    delayed_at: int | None,
-    replays: int,
-) -> bytes:
-    """The audit event of a delivery as :meth:`AuditEvent.encode` writes ``delivered(...)``
-    (written to ``target``, partition and offset unknown), made as text rather than as the
-    frozen dataclass encoded through a dict (with the audit stream written a pass at a time, a
-    delivery went from 120k to 71k instructions, bench.cpu under callgrind). Safe as text
-    because what it writes unquoted is checked before: a record id is printable ASCII without
-    spaces (only ``"`` and ``\\`` need escaping), a topic name holds
-    letters, digits, ``.``, ``_`` and ``-``, and ``source`` is topic/partition/offset."""
-    if '"' in record_id or "\\" in record_id:
-        record_id = record_id.replace("\\", "\\\\").replace('"', '\\"')
-    seq = audit_seq(retries, hops, RecordStatus.DELIVERED)
-    return (
-        f'{{"record_id":"{record_id}","status":"delivered","at":{at},"seq":{seq},"retries":{retries},'
-        f'"hops":{hops},"target":"{target}","awake_at":null,"reactivate_at":{due},"lateness_ms":{at - due},'
-        f'"reason":null,"source":"{source}","priority":{"true" if priority else "false"},'
-        f'"throttled_until":{_json_or_null(throttled_until)},"delayed_at":{_json_or_null(delayed_at)},'
-        f'"replays":{replays},"topic":"{target}","partition":null,"offset":null}}'
-    ).encode()
 
 
 def read_number(packed: bytes, start: i64, size: i64) -> tuple[i64, i64]:
@@ -569,18 +534,28 @@ class LeanStep:
         if not self.deliveries:
             return None
         retries = view.retried or 0
-        encoded = delivered_json(
+        # the event delivered(...) makes, written to the target (partition and offset unknown)
+        encoded = encode_event(
             view.record_id,
-            at=now,
-            retries=retries,
-            hops=view.hops,
-            target=target,
-            due=due,
-            source=source,
-            priority=view.priority,
-            throttled_until=view.throttled,
-            delayed_at=view.delayed,
-            replays=view.replays,
+            "delivered",
+            now,
+            audit_seq(retries, view.hops, RecordStatus.DELIVERED),
+            retries,
+            view.hops,
+            target,
+            None,  # awake_at: it waits nowhere any more
+            due,  # reactivate_at
+            now - due,  # lateness_ms
+            None,  # reason
+            source,
+            view.priority,
+            view.throttled,
+            view.delayed,
+            view.replays,
+            None,  # by: a step, no call
+            target,
+            None,
+            None,
         )
         skipped, packed = view.packed_index, view.packed
         kept = [header for index, header in enumerate(headers) if index != skipped]

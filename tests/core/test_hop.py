@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from delayapp.core import headers as h
 from delayapp.core import hop
-from delayapp.core.audit import delivered
 from delayapp.core.cancel import CancelRequest
 from delayapp.core.hop import LeanDelivery, LeanHop
 from delayapp.core.ladder import Ladder
@@ -253,40 +252,3 @@ def test_a_number_read_byte_by_byte_is_what_decode_reads(raw: bytes, after: byte
     assert value == (int(raw) if readable else -1)
     if readable:
         assert end == 8 + len(raw)
-
-
-_TIMES = st.integers(min_value=h.MIN_TIMESTAMP_MS, max_value=h.MAX_TIMESTAMP_MS)
-_COUNTS = st.integers(min_value=0, max_value=h.MAX_COUNT)
-
-
-@given(
-    record_id=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=200),
-    at=_TIMES,
-    due=_TIMES,
-    retries=_COUNTS,
-    hops=_COUNTS,
-    priority=st.booleans(),
-    throttled=st.none() | _TIMES,
-    delayed=st.none() | _TIMES,
-    replays=_COUNTS,
-    target=st.from_regex(r"[a-zA-Z0-9._-]{1,249}", fullmatch=True),
-)
-def test_a_lean_deliverys_event_is_the_contracts_byte_for_byte(
-    record_id: str,
-    at: int,
-    due: int,
-    retries: int,
-    hops: int,
-    priority: bool,
-    throttled: int | None,
-    delayed: int | None,
-    replays: int,
-    target: str,
-) -> None:
-    """Made as text on the lean path (record ids with quotes and backslashes included), it is what
-    AuditEvent.encode writes of delivered(...): the wire format has one definition."""
-    fields = dict(at=at, retries=retries, hops=hops, target=target, due=due, source="d.delay.1s/3/17")
-    same = dict(priority=priority, throttled_until=throttled, delayed_at=delayed, replays=replays)
-    assert hop.delivered_json(record_id, **fields, **same) == delivered(record_id, **fields, **same).encode(
-        target, None, None
-    )
