@@ -29,7 +29,7 @@ loop holds the others), and it reads the record's value only to refuse a tombsto
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from typing import Final
 
 from mypy_extensions import i64
@@ -42,7 +42,8 @@ from delayapp.core.event_json import encode_event
 from delayapp.core.planner import Planner
 from delayapp.core.policies import Policy, Wait
 
-HEADER_OVERHEAD_BYTES: Final = 10  # per header, beyond its name and value, in the size the loop counts
+RECORD_OVERHEAD_BYTES: Final = 70  # a record's framing in a v2 batch, at most
+HEADER_OVERHEAD_BYTES: Final = 10  # per header, beyond its name and value
 
 # What the lean step reads in a packed delayState (h.pack), by field name: a number each,
 # increasing in the order h.pack writes them (h.PACKED_ORDER, then recordId), so that a field
@@ -167,6 +168,18 @@ class LeanDelivery:
         return self.topic
 
 
+def record_size(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None) -> int:
+    """Bytes a record takes on the wire, as brokers count it against ``message.max.bytes``:
+    what the loop queues a fetched record as, and what the full path refuses beyond
+    ``max_record_bytes``. The one place a record's size is computed (compiled: the intake
+    calls it natively for every record it fetches)."""
+    size = RECORD_OVERHEAD_BYTES + (0 if key is None else len(key)) + (0 if value is None else len(value))
+    if headers is not None:
+        for name, raw in headers:
+            size += len(name) + (0 if raw is None else len(raw)) + HEADER_OVERHEAD_BYTES
+    return size
+
+
 def read_number(packed: bytes, start: i64, size: i64) -> tuple[i64, i64]:
     """The decimal number from ``start`` of ``packed`` to the next ``;`` (or its end), and where
     it ends; -1 for the number when there is none, a character is not a digit, or it has more
@@ -244,7 +257,6 @@ class LeanView:
     A plain class, not a named tuple: compiled, it is a C struct built without a Python call."""
 
     __slots__ = (
-        "header_bytes",
         "awake",
         "due",
         "valid",
@@ -265,7 +277,6 @@ class LeanView:
 
     def __init__(
         self,
-        header_bytes: int,
         awake: int,
         due: int,
         valid: int | None,
@@ -283,7 +294,6 @@ class LeanView:
         kept_end: int,
         replays: int = 0,
     ) -> None:
-        self.header_bytes = header_bytes  # the headers' share of the record's size, as the loop counts it
         self.awake = awake  # awakeAt
         self.due = due  # reactivateAt
         self.valid = valid  # validAt
@@ -305,16 +315,14 @@ class LeanView:
 def scan(headers: LeanHeaders) -> LeanView | None:
     """The state the lean step consults, read in one pass over ``headers`` and the packed
     ``delayState`` among them (:func:`delayapp.core.headers.pack`) as
-    :func:`delayapp.core.headers.decode` would accept it, with the headers' size; None when a
+    :func:`delayapp.core.headers.decode` would accept it; None when a
     field is missing, repeated or malformed, when the state is not packed as the router packs
     it, or when a delay header is also given plain (the full path decides, and explains). The
     loop scans a record once, when it is fetched."""
-    header_bytes = 0
     packed: bytes | None = None
     packed_index = -1
     plain = _PLAIN
     for index, (name, raw) in enumerate(headers):
-        header_bytes += len(name) + (len(raw) if raw is not None else 0) + HEADER_OVERHEAD_BYTES
         if name == _PACKED:
             if packed_index >= 0:
                 return None
@@ -403,7 +411,6 @@ def scan(headers: LeanHeaders) -> LeanView | None:
     if due is None:
         return None  # not a record the router admitted: the full path looks at it
     return LeanView(
-        header_bytes,
         awake,
         due,
         valid,

@@ -10,12 +10,13 @@ from hypothesis import strategies as st
 from delayapp.core import headers as h
 from delayapp.core.admission import LeanAdmitted
 from delayapp.core.cancel import CancelRequest
+from delayapp.core.hop import record_size
 from delayapp.core.ladder import Ladder
 from delayapp.core.lanes import Lanes
 from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
 from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME, Policy
-from delayapp.engine.handler import RecordHandler, record_size
+from delayapp.engine.handler import RecordHandler
 from tests.support.records import Rec
 
 NOW = 1_800_000_000_000

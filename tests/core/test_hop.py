@@ -252,3 +252,12 @@ def test_a_number_read_byte_by_byte_is_what_decode_reads(raw: bytes, after: byte
     assert value == (int(raw) if readable else -1)
     if readable:
         assert end == 8 + len(raw)
+
+
+def test_a_records_size_is_its_framing_key_value_and_headers() -> None:
+    """One function sizes a record for the intake (what it queues) and the full path (what it refuses)."""
+    headers: list[tuple[str, bytes | None]] = [("traceparent", b"00-ab"), ("empty", None)]
+    expected = hop.RECORD_OVERHEAD_BYTES + 2 + 3 + (11 + 5 + 10) + (5 + 0 + 10)
+    assert hop.record_size(b"k1", b"abc", headers) == expected
+    assert hop.record_size(None, None, None) == hop.RECORD_OVERHEAD_BYTES
+    assert hop.record_size(None, b"", tuple(headers)) == expected - 5
