@@ -34,7 +34,7 @@ from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.event_json import encode_event
 from delayapp.core.hop import LeanHeaders, TargetNames, is_record_id_at, read_number
 from delayapp.core.planner import Planner
-from delayapp.core.policies import LOG_APPEND_TIME, Policy, stable_record_id
+from delayapp.core.policies import HOP, LOG_APPEND_TIME, Policy, decide, stable_record_id
 
 _REACTIVATE_AT: Final = h.REACTIVATE_AT
 _DELAY_MS: Final = h.DELAY_MS
@@ -109,12 +109,9 @@ class LeanAdmission:
         known_topics: Callable[[], Container[str] | None] = lambda: None,
         max_record_bytes: int = 1_048_576,
     ) -> None:
-        self.next_hop_ms = planner.next_hop_ms
+        self.planner = planner
         self.policy = policy
-        self.max_delay_ms = policy.max_delay_ms
         self.max_overdue_ms = policy.max_overdue_ms
-        self.hold_below_ms = policy.hold_below_ms
-        self.retries_allowed = policy.max_retries >= 0
         self.topic_of = topic_of
         self.cancellations = cancellations
         self.known_topics = known_topics
@@ -193,15 +190,14 @@ class LeanAdmission:
         target = self._targets.of(raw_target)
         if target is None or self.policy.check_target(target, self.known_topics()) is not None:
             return None
-        if not self.retries_allowed or applies_to(self.cancellations(record_id), timestamp):
+        if applies_to(self.cancellations(record_id), timestamp):
             return None
-        remaining = due - now
-        if remaining > self.max_delay_ms or remaining < self.hold_below_ms:
+        # the one decision (the full path's route() asks it too) of a record just admitted: no
+        # retry yet, no validAt, expireAt or rate-limit slot (those are the full path's); any
+        # step but a hop (due now, held, refused) is the full path's
+        kind, denomination, duration = decide(self.policy, self.planner, now, due, None, None, None, 0)
+        if kind != HOP:
             return None
-        step = self.next_hop_ms(remaining)
-        if step is None:
-            return None
-        denomination, duration = step
         topic = self._topics.get(denomination)
         if topic is None:
             topic = self._topics[denomination] = self.topic_of(denomination, False)

@@ -40,7 +40,7 @@ from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
 from delayapp.core.event_json import encode_event
 from delayapp.core.planner import Planner
-from delayapp.core.policies import Policy, Wait
+from delayapp.core.policies import DELIVER, HOLD, HOP, Policy, Wait, decide
 
 RECORD_OVERHEAD_BYTES: Final = 70  # a record's framing in a v2 batch, at most
 HEADER_OVERHEAD_BYTES: Final = 10  # per header, beyond its name and value
@@ -452,12 +452,9 @@ class LeanStep:
         deliveries: bool = True,
         max_record_bytes: int = 1_048_576,
     ) -> None:
-        self.next_hop_ms = planner.next_hop_ms
+        self.planner = planner
         self.max_record_bytes = max_record_bytes
         self.policy = policy
-        self.max_delay_ms = policy.max_delay_ms
-        self.max_retries = policy.max_retries
-        self.hold_below_ms = policy.hold_below_ms
         self.cancellations = cancellations
         self.known_topics = known_topics
         self.priority_lane = priority_lane
@@ -495,8 +492,6 @@ class LeanStep:
             view = scan(headers)
             if view is None:
                 return None
-        due, valid, expire, throttled = view.due, view.valid, view.expire, view.throttled
-        hops, retried, delayed, record_id = view.hops, view.retried, view.delayed, view.record_id
         # the target's policy at every step, as the full path's: a record written straight into
         # a delay topic is held to the router's rules (a deployment has few targets: remembered)
         target = self._targets.of(view.raw_target)
@@ -504,30 +499,24 @@ class LeanStep:
             return None
         if self.policy.check_target(target, self.known_topics()) is not None:
             return None
-        if retried is not None and retried > self.max_retries:
+        if applies_to(self.cancellations(view.record_id), view.delayed):
             return None
-        if applies_to(self.cancellations(record_id), delayed):
+        # the one decision (the full path's route() asks it too); a refusal is the full path's to explain
+        kind, first, second = decide(
+            self.policy, self.planner, now, view.due, view.valid, view.throttled, view.expire, view.retried or 0
+        )
+        if kind == DELIVER:
+            return self._deliver(headers, view, now, first, target, f"{where[0]}/{where[1]}/{offset}")
+        if kind == HOLD:
+            return Wait(first)  # a hop this short would arrive after its due time: held here
+        if kind != HOP:
             return None
-        if valid is not None and valid > due:
-            due = valid
-        if throttled is not None and throttled > due:
-            due = throttled
-        if expire is not None and (now >= expire or due >= expire):
-            return None
-        remaining = due - now
-        if remaining > self.max_delay_ms:
-            return None
-        if 0 < remaining < self.hold_below_ms:
-            return Wait(due)  # a hop this short would arrive after its due time: held here
-        step = self.next_hop_ms(remaining)
-        if step is None:
-            return self._deliver(headers, view, now, due, target, f"{where[0]}/{where[1]}/{offset}")
-        denomination, duration = step
+        denomination, duration = first, second
         lane = view.priority and self.priority_lane
         topic = self._topics.get((denomination, lane))
         if topic is None:
             topic = self._topics[(denomination, lane)] = self._topic_of(denomination, lane)
-        awake, count = str(now + duration).encode(), str(hops + 1).encode()
+        awake, count = str(now + duration).encode(), str(view.hops + 1).encode()
         packed = b"".join((_AWAKE_FIELD, awake, b";", _HOPS_FIELD, count, view.packed[view.tail :]))
         headers[view.packed_index] = (_PACKED, packed)
         return LeanHop(topic, headers)
