@@ -45,44 +45,28 @@ from delayapp.core.policies import DELIVER, HOLD, HOP, Policy, Wait, decide
 RECORD_OVERHEAD_BYTES: Final = 70  # a record's framing in a v2 batch, at most
 HEADER_OVERHEAD_BYTES: Final = 10  # per header, beyond its name and value
 
-# What the lean step reads in a packed delayState (h.pack), by field name: a number each,
-# increasing in the order h.pack writes them (h.PACKED_ORDER, then recordId), so that a field
-# out of that order or repeated shows as a number not above the last. The ones below
-# _DELAYED_AT are those a delivery keeps at the target (the irremovable headers but recordId).
-_AWAKE_AT: Final = 1
-_HOPS: Final = 2
-_ORIGINATED_AT: Final = 3
-_RETRIED: Final = 4
-_VALID_AT: Final = 5
-_EXPIRE_AT: Final = 6
-_REPLAYED: Final = 7
-_DELAYED_AT: Final = 8
-_REACTIVATE_AT: Final = 9
-_TARGET: Final = 10
-_DELAY_MS: Final = 11
-_PRIORITY: Final = 12
-_THROTTLED: Final = 13
-_RECORD_ID: Final = 14
-_READ: Final = {
-    name.encode(): kind
-    for name, kind in (
-        (h.REACTIVATE_AT, _REACTIVATE_AT),
-        (h.AWAKE_AT, _AWAKE_AT),
-        (h.DELAY_HOPS, _HOPS),
-        (h.TIME_RETRIED, _RETRIED),
-        (h.PRIORITY, _PRIORITY),
-        (h.RECORD_ID, _RECORD_ID),
-        (h.REACTIVATE_TO_TOPIC, _TARGET),
-        (h.VALID_AT, _VALID_AT),
-        (h.EXPIRE_AT, _EXPIRE_AT),
-        (h.THROTTLED_UNTIL, _THROTTLED),
-        (h.DELAYED_AT, _DELAYED_AT),
-        (h.ORIGINATED_AT, _ORIGINATED_AT),
-        (h.DELAY_MS, _DELAY_MS),
-        (h.TIME_REPLAYED, _REPLAYED),
-    )
-}
-assert [_READ[name.encode()] for name in (*h.PACKED_ORDER, h.RECORD_ID)] == list(range(1, 15)), "in h.pack's order"
+# What the lean step reads in a packed delayState, by field name: its place in h.PACKED_FIELDS
+# (the table h.pack writes by), from 1, so that a field out of that order or repeated shows as
+# a number not above the last. Those up to _LAST_KEPT are the ones a delivery keeps at the
+# target (the irremovable headers but recordId, which the table puts right after awakeAt and
+# delayHops). A field the lean step does not consult is checked by its kind (a count, or a
+# time) and carried as it is; one of another kind is the full path's.
+_KINDS: Final = {name: kind for kind, name in enumerate(h.PACKED_FIELDS, 1)}
+_HOPS: Final = _KINDS[h.DELAY_HOPS]
+_RETRIED: Final = _KINDS[h.TIME_RETRIED]
+_VALID_AT: Final = _KINDS[h.VALID_AT]
+_EXPIRE_AT: Final = _KINDS[h.EXPIRE_AT]
+_REPLAYED: Final = _KINDS[h.TIME_REPLAYED]
+_DELAYED_AT: Final = _KINDS[h.DELAYED_AT]
+_REACTIVATE_AT: Final = _KINDS[h.REACTIVATE_AT]
+_TARGET: Final = _KINDS[h.REACTIVATE_TO_TOPIC]
+_DELAY_MS: Final = _KINDS[h.DELAY_MS]
+_PRIORITY: Final = _KINDS[h.PRIORITY]
+_THROTTLED: Final = _KINDS[h.THROTTLED_UNTIL]
+_RECORD_ID: Final = _KINDS[h.RECORD_ID]
+_LAST_KEPT: Final = max(_KINDS[name] for name in h.IRREMOVABLE if name != h.RECORD_ID)
+_COUNT_KINDS: Final = sum(1 << _KINDS[name] for name in h.COUNT_HEADERS)  # one bit a count field
+_READ: Final = {name.encode(): kind for name, kind in _KINDS.items()}
 _PACKED: Final = h.DELAY_STATE
 _PLAIN: Final = frozenset(h.DELAY_HEADERS)  # a delay header outside delayState: the full path's
 _AWAKE_FIELD: Final = b"awakeAt="
@@ -362,7 +346,7 @@ def scan(headers: LeanHeaders) -> LeanView | None:
         if kind <= last or equals == size:
             return None
         last = kind
-        if kind >= _DELAYED_AT and kept_end < 0:
+        if kind > _LAST_KEPT and kept_end < 0:
             kept_end = position
         start = equals + 1
         if kind == _RECORD_ID:  # the last field: its value is the rest, whatever it holds
@@ -384,14 +368,13 @@ def scan(headers: LeanHeaders) -> LeanView | None:
             return None  # a producer's relative delay: only the router turns it into a due time
         else:
             value, end = read_number(packed, start, size)
-            if kind == _RETRIED:
+            if (_COUNT_KINDS >> kind) & 1:
                 if not 0 <= value <= _MAX_COUNT:
                     return None
-                retried = value
-            elif kind == _REPLAYED:
-                if not 0 <= value <= _MAX_COUNT:
-                    return None
-                replays = value
+                if kind == _RETRIED:
+                    retried = value
+                elif kind == _REPLAYED:
+                    replays = value
             elif not _MIN_TIME <= value <= _MAX_TIME:
                 return None
             elif kind == _REACTIVATE_AT:
@@ -404,7 +387,7 @@ def scan(headers: LeanHeaders) -> LeanView | None:
                 throttled = value
             elif kind == _DELAYED_AT:
                 delayed = value
-            # originatedAt: checked, not used
+            # originatedAt, and any other time: checked, carried, not consulted
         if end == size:
             return None  # no recordId: not a record the router admitted
         position = end + 1

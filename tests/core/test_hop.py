@@ -261,3 +261,32 @@ def test_a_records_size_is_its_framing_key_value_and_headers() -> None:
     assert hop.record_size(b"k1", b"abc", headers) == expected
     assert hop.record_size(None, None, None) == hop.RECORD_OVERHEAD_BYTES
     assert hop.record_size(None, b"", tuple(headers)) == expected - 5
+
+
+def test_the_lean_reading_numbers_the_packed_fields_by_the_codecs_table() -> None:
+    """What scan relies on in h.PACKED_FIELDS (the table pack writes by): awakeAt and delayHops
+    first (a hop rewrites them as a prefix), then the fields a delivery keeps (copied as one
+    run), the record id last (its value is the rest); every field a count, a time, or one
+    scan reads by name (else a record carrying it always takes the full path)."""
+    fields = h.PACKED_FIELDS
+    kept = [name for name in h.IRREMOVABLE if name != h.RECORD_ID]
+    assert fields[:2] == (h.AWAKE_AT, h.DELAY_HOPS) and fields[-1] == h.RECORD_ID
+    assert set(fields[2 : 2 + len(kept)]) == set(kept) and sorted(fields) == sorted(h.DELAY_HEADERS)
+    read_by_name = {h.REACTIVATE_TO_TOPIC, h.PRIORITY, h.DELAY_MS, h.RECORD_ID}
+    assert set(fields) <= {*h.COUNT_HEADERS, *h.TIME_HEADERS, *read_by_name}
+    assert {name.encode(): place for place, name in enumerate(fields, 1)} == hop._READ
+    assert 2 + len(kept) == hop._LAST_KEPT
+
+
+def test_a_packed_field_the_lean_step_does_not_consult_is_checked_and_carried() -> None:
+    """originatedAt (a time scan checks but no decision reads) travels on a hop and a delivery as is."""
+    origin = f"originatedAt={NOW - 60_000}".encode()
+    step = lean(handler(), admitted())
+    assert isinstance(step, LeanHop) and origin in dict(step.headers)[h.DELAY_STATE]
+    step = lean(handler(), admitted(reactivate_at=NOW - 5))
+    assert isinstance(step, LeanDelivery) and dict(step.headers)[h.ORIGINATED_AT] == str(NOW - 60_000).encode()
+    forged = [
+        (name, raw.replace(origin, b"originatedAt=x")) if name == h.DELAY_STATE and raw else (name, raw)
+        for name, raw in admitted()
+    ]
+    assert hop.scan(forged) is None  # not a time: the full path's to refuse
