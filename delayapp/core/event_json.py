@@ -26,10 +26,6 @@ def _text(value: str) -> str:
     return orjson.dumps(value).decode()[1:-1]
 
 
-def _text_or_null(value: str | None) -> str:
-    return "null" if value is None else f'"{_text(value)}"'
-
-
 def _number_or_null(value: int | None) -> str:
     return "null" if value is None else str(value)
 
@@ -60,13 +56,32 @@ def encode_event(
     their order, then where its record was written (``topic``, ``partition``, ``offset``).
     ``by`` (a write call's caller) is written only when set: a step's JSON stays byte for byte
     what it was before that field was added."""
+    # a text that may be null is written as {quote}{text}{quote}: the quotes, or "null" bare,
+    # with no string built for it (the lean paths encode an event per delivery)
+    if target is None:
+        target_quote, target = "", "null"
+    else:
+        target_quote, target = '"', _text(target)
+    if reason is None:
+        reason_quote, reason = "", "null"
+    else:
+        reason_quote, reason = '"', _text(reason)
+    if source is None:
+        source_quote, source = "", "null"
+    else:
+        source_quote, source = '"', _text(source)
+    if topic is None:
+        topic_quote, topic = "", "null"
+    else:
+        topic_quote, topic = '"', _text(topic)
     caller = "" if by is None else f',"by":"{_text(by)}"'
     return (
         f'{{"record_id":"{_text(record_id)}","status":"{status}","at":{at},"seq":{seq},"retries":{retries},'
-        f'"hops":{hops},"target":{_text_or_null(target)},"awake_at":{_number_or_null(awake_at)},'
+        f'"hops":{hops},"target":{target_quote}{target}{target_quote},"awake_at":{_number_or_null(awake_at)},'
         f'"reactivate_at":{_number_or_null(reactivate_at)},"lateness_ms":{_number_or_null(lateness_ms)},'
-        f'"reason":{_text_or_null(reason)},"source":{_text_or_null(source)},'
+        f'"reason":{reason_quote}{reason}{reason_quote},"source":{source_quote}{source}{source_quote},'
         f'"priority":{"true" if priority else "false"},"throttled_until":{_number_or_null(throttled_until)},'
-        f'"delayed_at":{_number_or_null(delayed_at)},"replays":{replays}{caller},"topic":{_text_or_null(topic)},'
+        f'"delayed_at":{_number_or_null(delayed_at)},"replays":{replays}{caller},'
+        f'"topic":{topic_quote}{topic}{topic_quote},'
         f'"partition":{_number_or_null(partition)},"offset":{_number_or_null(offset)}}}'
     ).encode()
