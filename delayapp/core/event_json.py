@@ -58,6 +58,7 @@ def encode_event(
     what it was before that field was added."""
     # a text that may be null is written as {quote}{text}{quote}: the quotes, or "null" bare,
     # with no string built for it (the lean paths encode an event per delivery)
+    target_given = target
     if target is None:
         target_quote, target = "", "null"
     else:
@@ -72,6 +73,8 @@ def encode_event(
         source_quote, source = '"', _text(source)
     if topic is None:
         topic_quote, topic = "", "null"
+    elif topic is target_given:  # a delivery, written to its target: checked once
+        topic_quote, topic = '"', target
     else:
         topic_quote, topic = '"', _text(topic)
     caller = "" if by is None else f',"by":"{_text(by)}"'
