@@ -31,7 +31,7 @@ from typing import Final
 from delayapp.core import headers as h
 from delayapp.core.audit import RecordStatus, audit_seq
 from delayapp.core.cancel import CancelRequest, applies_to
-from delayapp.core.event_json import encode_event
+from delayapp.core.event_json import printable_text, write_event
 from delayapp.core.hop import LeanHeaders, TargetNames, is_record_id_at, read_number
 from delayapp.core.planner import Planner
 from delayapp.core.policies import HOP, LOG_APPEND_TIME, Policy, decide, stable_record_id
@@ -213,8 +213,8 @@ class LeanAdmission:
         source = f"{where[0]}/{where[1]}/{offset}"
         # the event waiting(...) makes: no retry, its first hop, the normal lane, no rate-limit
         # slot, not replayed; written to delay topic ``topic``, partition and offset unknown
-        encoded = encode_event(
-            record_id,
+        encoded = write_event(  # its texts checked: a record id as decode accepts it, topic names
+            printable_text(record_id),
             "waiting",
             now,
             _ENTRY_SEQ,

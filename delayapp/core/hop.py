@@ -38,7 +38,7 @@ from delayapp.core import headers as h
 from delayapp.core.audit import RecordStatus, audit_seq
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
-from delayapp.core.event_json import encode_event
+from delayapp.core.event_json import printable_text, write_event
 from delayapp.core.planner import Planner
 from delayapp.core.policies import DELIVER, HOLD, HOP, Policy, Wait, decide
 
@@ -514,8 +514,8 @@ class LeanStep:
             return None
         retries = view.retried or 0
         # the event delivered(...) makes, written to the target (partition and offset unknown)
-        encoded = encode_event(
-            view.record_id,
+        encoded = write_event(  # its texts checked: a record id scan accepted, topic names
+            printable_text(view.record_id),
             "delivered",
             now,
             audit_seq(retries, view.hops, RecordStatus.DELIVERED),

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from delayapp.core import headers as h
 from delayapp.core.audit import WIRE_FIELDS, AuditEvent, RecordStatus, delivered, requested, waiting
-from delayapp.core.event_json import encode_event
+from delayapp.core.event_json import json_text, printable_text, write_event
 
 _NAMES = tuple(name for name, _ in WIRE_FIELDS)
 _STEP_NAMES = tuple(name for name in _NAMES if name != "by")
@@ -115,7 +115,7 @@ def test_the_encoder_writes_the_declared_fields_in_their_order() -> None:
 
 
 def test_a_bare_call_encodes_its_arguments_as_the_event_would() -> None:
-    """The lean paths call encode_event directly, in the event's field order."""
+    """The lean paths call write_event directly, in the event's field order, with texts checked."""
     event = delivered(
         'a"b\\c',
         at=10,
@@ -129,8 +129,8 @@ def test_a_bare_call_encodes_its_arguments_as_the_event_would() -> None:
         delayed_at=4,
         replays=3,
     )
-    direct = encode_event(
-        'a"b\\c',
+    direct = write_event(
+        printable_text('a"b\\c'),
         "delivered",
         10,
         event.seq,
@@ -152,3 +152,14 @@ def test_a_bare_call_encodes_its_arguments_as_the_event_would() -> None:
         None,
     )
     assert direct == event.encode("orders", None, None) == old_encode(event, "orders", None, None)
+
+
+@given(st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=200))
+def test_a_printable_text_is_escaped_as_any_text(value: str) -> None:
+    """printable_text, for the record ids the lean paths read, is json_text for them."""
+    assert printable_text(value) == json_text(value)
+
+
+@given(_ANY_TEXT)
+def test_any_text_is_escaped_as_orjson_writes_it(value: str) -> None:
+    assert f'"{json_text(value)}"'.encode() == orjson.dumps(value)
