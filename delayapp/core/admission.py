@@ -4,11 +4,12 @@ first hop from its raw headers, with no decoded state and no output object.
 The router admits every record (:func:`delayapp.core.policies.admit`), routes it
 (:func:`~delayapp.core.policies.route`) and publishes its entry (the ``waiting`` step); on the
 full path that is a decode into :class:`~delayapp.core.headers.DelayHeaders`, two copies of it,
-an :class:`~delayapp.core.audit.AuditEvent` encoded through a dict and an output object, about
+an :class:`~delayapp.core.audit.AuditEvent` and an output object, about
 half of what a worker spends on a record at a few thousand records a second. Almost every
 record a producer writes says only when (``reactivateAt``, or ``delayMs`` after it entered),
 where to (``reactivateToTopic``) and perhaps its ``recordId``; :class:`LeanAdmission` admits
-such a record from those headers alone and answers its first hop: the delay topic, the
+such a record from those headers alone, asks :func:`~delayapp.core.policies.decide` (the rule
+``route`` asks too) for its step and answers its first hop: the delay topic, the
 record's own headers with the packed ``delayState`` the full path would write
 (:func:`delayapp.core.headers.encode_packed`), and the entry step, encoded as text.
 

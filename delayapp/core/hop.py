@@ -9,7 +9,8 @@ the hop count, and, for the cancel check, the record id and its entry time; a de
 the target, the headers it keeps and the replay count (``timeReplayed``, which its step
 carries). On a delay topic that state is one header, ``delayState``
 (:func:`delayapp.core.headers.pack`). :class:`LeanStep` reads those fields from it,
-checks them as :func:`delayapp.core.headers.decode` would, and answers a hop (the next delay
+checks them as :func:`delayapp.core.headers.decode` would, asks
+:func:`delayapp.core.policies.decide` (the rule the full path's ``route`` asks too) and answers a hop (the next delay
 topic and the same header list with ``delayState`` rewritten in place: its first two fields,
 ``awakeAt`` and ``delayHops``, new, the rest copied as bytes; no audit event: hops are not
 published by default) or a delivery (the target, the record's own headers and the irremovable
