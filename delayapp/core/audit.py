@@ -32,7 +32,7 @@ from typing import Annotated, Any
 
 import orjson
 
-from delayapp.core.event_json import encode_event
+from delayapp.core.event_json import encode_event, step_seq
 
 
 class RecordStatus(str, enum.Enum):
@@ -197,8 +197,9 @@ call's caller: a call is no state)."""
 
 
 def audit_seq(retries: int, hops: int, status: RecordStatus) -> int:
-    """Order of a step within a logical record's life: retries, then hops, then stage."""
-    return (retries * 1_000_000 + hops) * 10 + STAGE[status]
+    """Order of a step within a logical record's life: retries, then hops, then stage
+    (:func:`delayapp.core.event_json.step_seq`, which the lean paths call with the stage)."""
+    return step_seq(retries, hops, STAGE[status])
 
 
 def delivered(

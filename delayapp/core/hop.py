@@ -36,10 +36,10 @@ from typing import Final
 from mypy_extensions import i64
 
 from delayapp.core import headers as h
-from delayapp.core.audit import RecordStatus, audit_seq
+from delayapp.core.audit import STAGE, RecordStatus
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
-from delayapp.core.event_json import printable_text, write_event
+from delayapp.core.event_json import printable_text, step_seq, write_event
 from delayapp.core.planner import Planner
 from delayapp.core.policies import DELIVER, HOLD, HOP, Policy, Wait, decide
 
@@ -68,6 +68,7 @@ _RECORD_ID: Final = _KINDS[h.RECORD_ID]
 _LAST_KEPT: Final = max(_KINDS[name] for name in h.IRREMOVABLE if name != h.RECORD_ID)
 _COUNT_KINDS: Final = sum(1 << _KINDS[name] for name in h.COUNT_HEADERS)  # one bit a count field
 _READ: Final = {name.encode(): kind for name, kind in _KINDS.items()}
+_DELIVERED_STAGE: Final = STAGE[RecordStatus.DELIVERED]  # a delivery's seq (read once, not per record)
 _PACKED: Final = h.DELAY_STATE
 _PLAIN: Final = frozenset(h.DELAY_HEADERS)  # a delay header outside delayState: the full path's
 _AWAKE_FIELD: Final = b"awakeAt="
@@ -519,7 +520,7 @@ class LeanStep:
             printable_text(view.record_id),
             "delivered",
             now,
-            audit_seq(retries, view.hops, RecordStatus.DELIVERED),
+            step_seq(retries, view.hops, _DELIVERED_STAGE),
             retries,
             view.hops,
             target,
