@@ -47,6 +47,7 @@ MODULES: tuple[str, ...] = (
     "delayapp.core.admission",
     "delayapp.core.cancel",
     "delayapp.core.clock",
+    "delayapp.core.event_json",
     "delayapp.core.hop",
     "delayapp.core.partition",
     "delayapp.core.planner",

@@ -4,11 +4,12 @@ first hop from its raw headers, with no decoded state and no output object.
 The router admits every record (:func:`delayapp.core.policies.admit`), routes it
 (:func:`~delayapp.core.policies.route`) and publishes its entry (the ``waiting`` step); on the
 full path that is a decode into :class:`~delayapp.core.headers.DelayHeaders`, two copies of it,
-an :class:`~delayapp.core.audit.AuditEvent` encoded through a dict and an output object, about
+an :class:`~delayapp.core.audit.AuditEvent` and an output object, about
 half of what a worker spends on a record at a few thousand records a second. Almost every
 record a producer writes says only when (``reactivateAt``, or ``delayMs`` after it entered),
 where to (``reactivateToTopic``) and perhaps its ``recordId``; :class:`LeanAdmission` admits
-such a record from those headers alone and answers its first hop: the delay topic, the
+such a record from those headers alone, asks :func:`~delayapp.core.policies.decide` (the rule
+``route`` asks too) for its step and answers its first hop: the delay topic, the
 record's own headers with the packed ``delayState`` the full path would write
 (:func:`delayapp.core.headers.encode_packed`), and the entry step, encoded as text.
 
@@ -31,9 +32,10 @@ from typing import Final
 from delayapp.core import headers as h
 from delayapp.core.audit import RecordStatus, audit_seq
 from delayapp.core.cancel import CancelRequest, applies_to
+from delayapp.core.event_json import printable_text, write_event
 from delayapp.core.hop import LeanHeaders, TargetNames, is_record_id_at, read_number
 from delayapp.core.planner import Planner
-from delayapp.core.policies import LOG_APPEND_TIME, Policy, stable_record_id
+from delayapp.core.policies import HOP, LOG_APPEND_TIME, Policy, decide, stable_record_id
 
 _REACTIVATE_AT: Final = h.REACTIVATE_AT
 _DELAY_MS: Final = h.DELAY_MS
@@ -81,23 +83,6 @@ class LeanAdmitted:
         self.encoded = encoded
 
 
-def entry_json(
-    record_id: str, *, at: int, target: str, awake_at: int, due: int, source: str, delayed_at: int, topic: str
-) -> bytes:
-    """The entry step of an admitted record as :meth:`AuditEvent.encode` writes
-    ``waiting(...)`` (no retry, its first hop, the normal lane, no rate-limit slot, not
-    replayed; written to delay topic ``topic``, partition and offset unknown), made as text
-    (as :func:`delayapp.core.hop.delivered_json`, and safe as text for the same reasons)."""
-    if '"' in record_id or "\\" in record_id:
-        record_id = record_id.replace("\\", "\\\\").replace('"', '\\"')
-    return (
-        f'{{"record_id":"{record_id}","status":"waiting","at":{at},"seq":{_ENTRY_SEQ},"retries":0,'
-        f'"hops":1,"target":"{target}","awake_at":{awake_at},"reactivate_at":{due},"lateness_ms":null,'
-        f'"reason":null,"source":"{source}","priority":false,"throttled_until":null,"delayed_at":{delayed_at},'
-        f'"replays":0,"topic":"{topic}","partition":null,"offset":null}}'
-    ).encode()
-
-
 def _number(raw: bytes | None) -> int:
     """A header's value as a whole decimal number of at most 18 digits, or -1."""
     if raw is None:
@@ -125,12 +110,9 @@ class LeanAdmission:
         known_topics: Callable[[], Container[str] | None] = lambda: None,
         max_record_bytes: int = 1_048_576,
     ) -> None:
-        self.next_hop_ms = planner.next_hop_ms
+        self.planner = planner
         self.policy = policy
-        self.max_delay_ms = policy.max_delay_ms
         self.max_overdue_ms = policy.max_overdue_ms
-        self.hold_below_ms = policy.hold_below_ms
-        self.retries_allowed = policy.max_retries >= 0
         self.topic_of = topic_of
         self.cancellations = cancellations
         self.known_topics = known_topics
@@ -209,15 +191,14 @@ class LeanAdmission:
         target = self._targets.of(raw_target)
         if target is None or self.policy.check_target(target, self.known_topics()) is not None:
             return None
-        if not self.retries_allowed or applies_to(self.cancellations(record_id), timestamp):
+        if applies_to(self.cancellations(record_id), timestamp):
             return None
-        remaining = due - now
-        if remaining > self.max_delay_ms or remaining < self.hold_below_ms:
+        # the one decision (the full path's route() asks it too) of a record just admitted: no
+        # retry yet, no validAt, expireAt or rate-limit slot (those are the full path's); any
+        # step but a hop (due now, held, refused) is the full path's
+        kind, denomination, duration = decide(self.policy, self.planner, now, due, None, None, None, 0)
+        if kind != HOP:
             return None
-        step = self.next_hop_ms(remaining)
-        if step is None:
-            return None
-        denomination, duration = step
         topic = self._topics.get(denomination)
         if topic is None:
             topic = self._topics[denomination] = self.topic_of(denomination, False)
@@ -231,7 +212,28 @@ class LeanAdmission:
             )
         )
         source = f"{where[0]}/{where[1]}/{offset}"
-        encoded = entry_json(
-            record_id, at=now, target=target, awake_at=awake, due=due, source=source, delayed_at=timestamp, topic=topic
+        # the event waiting(...) makes: no retry, its first hop, the normal lane, no rate-limit
+        # slot, not replayed; written to delay topic ``topic``, partition and offset unknown
+        encoded = write_event(  # its texts checked: a record id as decode accepts it, topic names
+            printable_text(record_id),
+            "waiting",
+            now,
+            _ENTRY_SEQ,
+            0,
+            1,
+            target,
+            awake,
+            due,
+            None,  # lateness_ms
+            None,  # reason
+            source,
+            False,
+            None,  # throttled_until
+            timestamp,  # delayed_at
+            0,  # replays
+            None,  # by: a step, no call
+            topic,
+            None,
+            None,
         )
         return LeanAdmitted(topic, key, value, kept, record_id, now, encoded)

@@ -10,7 +10,9 @@ read, and the compacted ``<prefix>.record-states``, which the read model folds
   written), flattened into :data:`WIRE_FIELDS`, from which the Spark schema is derived;
 * its statuses (:class:`RecordStatus`) and which of them are final (:data:`FINAL`);
 * the order of one record's steps (:func:`audit_seq` when written, :func:`step_order` when folded);
-* the fields the read model keeps (:data:`READ_MODEL_FIELDS`).
+* the fields the read model keeps (:data:`READ_MODEL_FIELDS`);
+* its JSON (:meth:`AuditEvent.encode`), written by :func:`delayapp.core.event_json.encode_event`,
+  which the lean paths call too: the one encoder of the format.
 
 The JSON is a wire format: existing topics hold it, so a field is only ever added, never
 renamed, retyped or reordered. On the audit stream a record holds the events of many steps,
@@ -23,13 +25,14 @@ record-states topic keeps one event a record, keyed by record id (it is compacte
 from __future__ import annotations
 
 import enum
-import operator
 import types
 import typing
 from dataclasses import dataclass, fields
 from typing import Annotated, Any
 
 import orjson
+
+from delayapp.core.event_json import encode_event, step_seq
 
 
 class RecordStatus(str, enum.Enum):
@@ -109,10 +112,30 @@ class AuditEvent:
     def encode(self, topic: str | None, partition: int | None, offset: int | None) -> bytes:
         """JSON bytes with where the record now is (the topic/partition/offset it was written
         to; all None when nothing was written, as for a cancelled record). ``by`` is written
-        only when set: a step's JSON stays byte for byte what it was before the field."""
-        if self.by is None:
-            return orjson.dumps(dict(zip(_STEP_WIRE_NAMES, (*_step_values(self), topic, partition, offset))))
-        return orjson.dumps(dict(zip(_WIRE_NAMES, (*_event_values(self), topic, partition, offset))))
+        only when set: a step's JSON stays byte for byte what it was before the field. Written
+        by :func:`delayapp.core.event_json.encode_event`, the one encoder of this format."""
+        return encode_event(
+            self.record_id,
+            self.status,
+            self.at,
+            self.seq,
+            self.retries,
+            self.hops,
+            self.target,
+            self.awake_at,
+            self.reactivate_at,
+            self.lateness_ms,
+            self.reason,
+            self.source,
+            self.priority,
+            self.throttled_until,
+            self.delayed_at,
+            self.replays,
+            self.by,
+            topic,
+            partition,
+            offset,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +148,6 @@ class Location:
 
 
 _EVENT_NAMES = tuple(f.name for f in fields(AuditEvent))
-_event_values = operator.attrgetter(*_EVENT_NAMES)  # every field's value, in order (once per published step)
-_WIRE_NAMES = (*_EVENT_NAMES, *(f.name for f in fields(Location)))
-_STEP_NAMES = tuple(name for name in _EVENT_NAMES if name != "by")  # a step has no caller
-_step_values = operator.attrgetter(*_STEP_NAMES)
-_STEP_WIRE_NAMES = (*_STEP_NAMES, *(f.name for f in fields(Location)))
 # Each field's slot, set directly: a frozen dataclass's __init__ goes through object.__setattr__
 # once per field (3.4 µs for an event; 0.9 µs this way), once per delivery on the hot path.
 _SLOT_SETTERS = tuple(getattr(AuditEvent, name).__set__ for name in _EVENT_NAMES)
@@ -179,8 +197,9 @@ call's caller: a call is no state)."""
 
 
 def audit_seq(retries: int, hops: int, status: RecordStatus) -> int:
-    """Order of a step within a logical record's life: retries, then hops, then stage."""
-    return (retries * 1_000_000 + hops) * 10 + STAGE[status]
+    """Order of a step within a logical record's life: retries, then hops, then stage
+    (:func:`delayapp.core.event_json.step_seq`, which the lean paths call with the stage)."""
+    return step_seq(retries, hops, STAGE[status])
 
 
 def delivered(

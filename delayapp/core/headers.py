@@ -166,7 +166,10 @@ _FIELD_BY_HEADER = {
     THROTTLED_UNTIL: "throttled_until",
 }
 assert tuple(_FIELD_BY_HEADER[name] for name in DELAY_HEADERS) == DelayHeaders._fields  # encode relies on the order
-_COUNTS = {TIME_RETRIED, DELAY_HOPS, TIME_REPLAYED}
+COUNT_HEADERS: Final = (TIME_RETRIED, DELAY_HOPS, TIME_REPLAYED)
+"""The delay headers whose value is a count (at most :data:`MAX_COUNT`); those of
+:data:`TIME_HEADERS` are epoch milliseconds, the rest text (and ``delayMs``, a duration)."""
+_COUNTS = frozenset(COUNT_HEADERS)
 _TIMES = frozenset(TIME_HEADERS)
 
 
@@ -298,7 +301,13 @@ def decode(headers: Headers | None) -> tuple[DelayHeaders, HeaderList]:
 PACKED_ORDER: Final = (AWAKE_AT, DELAY_HOPS) + tuple(
     name for name in DELAY_HEADERS if name not in (AWAKE_AT, DELAY_HOPS, RECORD_ID)
 )
-_PACKED_FIELDS = [(name, DELAY_HEADERS.index(name)) for name in PACKED_ORDER]
+PACKED_FIELDS: Final = (*PACKED_ORDER, RECORD_ID)
+"""The fields of a packed ``delayState``, in the order :func:`pack` writes them: the one table
+the codec and the lean reading (:func:`delayapp.core.hop.scan`, which numbers the fields by
+their place here) both read. A header added to :data:`DELAY_HEADERS` (and
+:class:`DelayHeaders`) takes its place here by itself: after ``awakeAt`` and ``delayHops``,
+the irremovable ones (those a delivery keeps) first, the record id last."""
+_PACKED_FIELDS = [(name, DELAY_HEADERS.index(name)) for name in PACKED_FIELDS]
 _PACKED_NAMES: Final = {name.encode(): name for name in DELAY_HEADERS}
 PACKED_RECORD_ID: Final = b"recordId="
 """Where the record id begins in a packed value: after this, to its end (the last field)."""
@@ -306,10 +315,8 @@ PACKED_RECORD_ID: Final = b"recordId="
 
 def pack(state: DelayHeaders) -> bytes:
     """``state`` as the value of one ``delayState`` header (see the module): ``name=value``
-    pairs joined by ``;`` in :data:`PACKED_ORDER`, then ``recordId=`` and the id, unset fields left out."""
+    pairs joined by ``;`` in :data:`PACKED_FIELDS`' order (``recordId`` and the id last), unset fields left out."""
     parts = [f"{name}={state[index]}" for name, index in _PACKED_FIELDS if state[index] is not None]
-    if state.record_id is not None:
-        parts.append(f"{RECORD_ID}={state.record_id}")
     return ";".join(parts).encode("ascii")
 
 

@@ -9,7 +9,8 @@ the hop count, and, for the cancel check, the record id and its entry time; a de
 the target, the headers it keeps and the replay count (``timeReplayed``, which its step
 carries). On a delay topic that state is one header, ``delayState``
 (:func:`delayapp.core.headers.pack`). :class:`LeanStep` reads those fields from it,
-checks them as :func:`delayapp.core.headers.decode` would, and answers a hop (the next delay
+checks them as :func:`delayapp.core.headers.decode` would, asks
+:func:`delayapp.core.policies.decide` (the rule the full path's ``route`` asks too) and answers a hop (the next delay
 topic and the same header list with ``delayState`` rewritten in place: its first two fields,
 ``awakeAt`` and ``delayHops``, new, the rest copied as bytes; no audit event: hops are not
 published by default) or a delivery (the target, the record's own headers and the irremovable
@@ -29,58 +30,45 @@ loop holds the others), and it reads the record's value only to refuse a tombsto
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from typing import Final
 
 from mypy_extensions import i64
 
 from delayapp.core import headers as h
-from delayapp.core.audit import RecordStatus, audit_seq
+from delayapp.core.audit import STAGE, RecordStatus
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
+from delayapp.core.event_json import printable_text, step_seq, write_event
 from delayapp.core.planner import Planner
-from delayapp.core.policies import Policy, Wait
+from delayapp.core.policies import DELIVER, HOLD, HOP, Policy, Wait, decide
 
-HEADER_OVERHEAD_BYTES: Final = 10  # per header, beyond its name and value, in the size the loop counts
+RECORD_OVERHEAD_BYTES: Final = 70  # a record's framing in a v2 batch, at most
+HEADER_OVERHEAD_BYTES: Final = 10  # per header, beyond its name and value
 
-# What the lean step reads in a packed delayState (h.pack), by field name: a number each,
-# increasing in the order h.pack writes them (h.PACKED_ORDER, then recordId), so that a field
-# out of that order or repeated shows as a number not above the last. The ones below
-# _DELAYED_AT are those a delivery keeps at the target (the irremovable headers but recordId).
-_AWAKE_AT: Final = 1
-_HOPS: Final = 2
-_ORIGINATED_AT: Final = 3
-_RETRIED: Final = 4
-_VALID_AT: Final = 5
-_EXPIRE_AT: Final = 6
-_REPLAYED: Final = 7
-_DELAYED_AT: Final = 8
-_REACTIVATE_AT: Final = 9
-_TARGET: Final = 10
-_DELAY_MS: Final = 11
-_PRIORITY: Final = 12
-_THROTTLED: Final = 13
-_RECORD_ID: Final = 14
-_READ: Final = {
-    name.encode(): kind
-    for name, kind in (
-        (h.REACTIVATE_AT, _REACTIVATE_AT),
-        (h.AWAKE_AT, _AWAKE_AT),
-        (h.DELAY_HOPS, _HOPS),
-        (h.TIME_RETRIED, _RETRIED),
-        (h.PRIORITY, _PRIORITY),
-        (h.RECORD_ID, _RECORD_ID),
-        (h.REACTIVATE_TO_TOPIC, _TARGET),
-        (h.VALID_AT, _VALID_AT),
-        (h.EXPIRE_AT, _EXPIRE_AT),
-        (h.THROTTLED_UNTIL, _THROTTLED),
-        (h.DELAYED_AT, _DELAYED_AT),
-        (h.ORIGINATED_AT, _ORIGINATED_AT),
-        (h.DELAY_MS, _DELAY_MS),
-        (h.TIME_REPLAYED, _REPLAYED),
-    )
-}
-assert [_READ[name.encode()] for name in (*h.PACKED_ORDER, h.RECORD_ID)] == list(range(1, 15)), "in h.pack's order"
+# What the lean step reads in a packed delayState, by field name: its place in h.PACKED_FIELDS
+# (the table h.pack writes by), from 1, so that a field out of that order or repeated shows as
+# a number not above the last. Those up to _LAST_KEPT are the ones a delivery keeps at the
+# target (the irremovable headers but recordId, which the table puts right after awakeAt and
+# delayHops). A field the lean step does not consult is checked by its kind (a count, or a
+# time) and carried as it is; one of another kind is the full path's.
+_KINDS: Final = {name: kind for kind, name in enumerate(h.PACKED_FIELDS, 1)}
+_HOPS: Final = _KINDS[h.DELAY_HOPS]
+_RETRIED: Final = _KINDS[h.TIME_RETRIED]
+_VALID_AT: Final = _KINDS[h.VALID_AT]
+_EXPIRE_AT: Final = _KINDS[h.EXPIRE_AT]
+_REPLAYED: Final = _KINDS[h.TIME_REPLAYED]
+_DELAYED_AT: Final = _KINDS[h.DELAYED_AT]
+_REACTIVATE_AT: Final = _KINDS[h.REACTIVATE_AT]
+_TARGET: Final = _KINDS[h.REACTIVATE_TO_TOPIC]
+_DELAY_MS: Final = _KINDS[h.DELAY_MS]
+_PRIORITY: Final = _KINDS[h.PRIORITY]
+_THROTTLED: Final = _KINDS[h.THROTTLED_UNTIL]
+_RECORD_ID: Final = _KINDS[h.RECORD_ID]
+_LAST_KEPT: Final = max(_KINDS[name] for name in h.IRREMOVABLE if name != h.RECORD_ID)
+_COUNT_KINDS: Final = sum(1 << _KINDS[name] for name in h.COUNT_HEADERS)  # one bit a count field
+_READ: Final = {name.encode(): kind for name, kind in _KINDS.items()}
+_DELIVERED_STAGE: Final = STAGE[RecordStatus.DELIVERED]  # a delivery's seq (read once, not per record)
 _PACKED: Final = h.DELAY_STATE
 _PLAIN: Final = frozenset(h.DELAY_HEADERS)  # a delay header outside delayState: the full path's
 _AWAKE_FIELD: Final = b"awakeAt="
@@ -115,7 +103,8 @@ class LeanHop:
 class LeanDelivery:
     """A delivery: write the fetched record to its target ``topic`` with ``headers``, and publish
     its step, ``encoded`` as :meth:`delayapp.core.audit.AuditEvent.encode` writes the event
-    :func:`delayapp.core.audit.delivered` makes (a test holds them byte for byte together).
+    :func:`delayapp.core.audit.delivered` makes (the same encoder writes both; a test holds them
+    byte for byte together).
 
     Its other attributes are the fields of that event the loop's counters and metrics read, by
     the event's names (``status``, ``target``, ``lateness_ms``...): no event is built on this path."""
@@ -165,41 +154,16 @@ class LeanDelivery:
         return self.topic
 
 
-def _json_or_null(value: int | None) -> str:
-    return "null" if value is None else str(value)
-
-
-def delivered_json(
-    record_id: str,
-    *,
-    at: int,
-    retries: int,
-    hops: int,
-    target: str,
-    due: int,
-    source: str,
-    priority: bool,
-    throttled_until: int | None,
-    delayed_at: int | None,
-    replays: int,
-) -> bytes:
-    """The audit event of a delivery as :meth:`AuditEvent.encode` writes ``delivered(...)``
-    (written to ``target``, partition and offset unknown), made as text rather than as the
-    frozen dataclass encoded through a dict (with the audit stream written a pass at a time, a
-    delivery went from 120k to 71k instructions, bench.cpu under callgrind). Safe as text
-    because what it writes unquoted is checked before: a record id is printable ASCII without
-    spaces (only ``"`` and ``\\`` need escaping), a topic name holds
-    letters, digits, ``.``, ``_`` and ``-``, and ``source`` is topic/partition/offset."""
-    if '"' in record_id or "\\" in record_id:
-        record_id = record_id.replace("\\", "\\\\").replace('"', '\\"')
-    seq = audit_seq(retries, hops, RecordStatus.DELIVERED)
-    return (
-        f'{{"record_id":"{record_id}","status":"delivered","at":{at},"seq":{seq},"retries":{retries},'
-        f'"hops":{hops},"target":"{target}","awake_at":null,"reactivate_at":{due},"lateness_ms":{at - due},'
-        f'"reason":null,"source":"{source}","priority":{"true" if priority else "false"},'
-        f'"throttled_until":{_json_or_null(throttled_until)},"delayed_at":{_json_or_null(delayed_at)},'
-        f'"replays":{replays},"topic":"{target}","partition":null,"offset":null}}'
-    ).encode()
+def record_size(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None) -> int:
+    """Bytes a record takes on the wire, as brokers count it against ``message.max.bytes``:
+    what the loop queues a fetched record as, and what the full path refuses beyond
+    ``max_record_bytes``. The one place a record's size is computed (compiled: the intake
+    calls it natively for every record it fetches)."""
+    size = RECORD_OVERHEAD_BYTES + (0 if key is None else len(key)) + (0 if value is None else len(value))
+    if headers is not None:
+        for name, raw in headers:
+            size += len(name) + (0 if raw is None else len(raw)) + HEADER_OVERHEAD_BYTES
+    return size
 
 
 def read_number(packed: bytes, start: i64, size: i64) -> tuple[i64, i64]:
@@ -279,7 +243,6 @@ class LeanView:
     A plain class, not a named tuple: compiled, it is a C struct built without a Python call."""
 
     __slots__ = (
-        "header_bytes",
         "awake",
         "due",
         "valid",
@@ -300,7 +263,6 @@ class LeanView:
 
     def __init__(
         self,
-        header_bytes: int,
         awake: int,
         due: int,
         valid: int | None,
@@ -318,7 +280,6 @@ class LeanView:
         kept_end: int,
         replays: int = 0,
     ) -> None:
-        self.header_bytes = header_bytes  # the headers' share of the record's size, as the loop counts it
         self.awake = awake  # awakeAt
         self.due = due  # reactivateAt
         self.valid = valid  # validAt
@@ -340,16 +301,14 @@ class LeanView:
 def scan(headers: LeanHeaders) -> LeanView | None:
     """The state the lean step consults, read in one pass over ``headers`` and the packed
     ``delayState`` among them (:func:`delayapp.core.headers.pack`) as
-    :func:`delayapp.core.headers.decode` would accept it, with the headers' size; None when a
+    :func:`delayapp.core.headers.decode` would accept it; None when a
     field is missing, repeated or malformed, when the state is not packed as the router packs
     it, or when a delay header is also given plain (the full path decides, and explains). The
     loop scans a record once, when it is fetched."""
-    header_bytes = 0
     packed: bytes | None = None
     packed_index = -1
     plain = _PLAIN
     for index, (name, raw) in enumerate(headers):
-        header_bytes += len(name) + (len(raw) if raw is not None else 0) + HEADER_OVERHEAD_BYTES
         if name == _PACKED:
             if packed_index >= 0:
                 return None
@@ -389,7 +348,7 @@ def scan(headers: LeanHeaders) -> LeanView | None:
         if kind <= last or equals == size:
             return None
         last = kind
-        if kind >= _DELAYED_AT and kept_end < 0:
+        if kind > _LAST_KEPT and kept_end < 0:
             kept_end = position
         start = equals + 1
         if kind == _RECORD_ID:  # the last field: its value is the rest, whatever it holds
@@ -411,14 +370,13 @@ def scan(headers: LeanHeaders) -> LeanView | None:
             return None  # a producer's relative delay: only the router turns it into a due time
         else:
             value, end = read_number(packed, start, size)
-            if kind == _RETRIED:
+            if (_COUNT_KINDS >> kind) & 1:
                 if not 0 <= value <= _MAX_COUNT:
                     return None
-                retried = value
-            elif kind == _REPLAYED:
-                if not 0 <= value <= _MAX_COUNT:
-                    return None
-                replays = value
+                if kind == _RETRIED:
+                    retried = value
+                elif kind == _REPLAYED:
+                    replays = value
             elif not _MIN_TIME <= value <= _MAX_TIME:
                 return None
             elif kind == _REACTIVATE_AT:
@@ -431,14 +389,13 @@ def scan(headers: LeanHeaders) -> LeanView | None:
                 throttled = value
             elif kind == _DELAYED_AT:
                 delayed = value
-            # originatedAt: checked, not used
+            # originatedAt, and any other time: checked, carried, not consulted
         if end == size:
             return None  # no recordId: not a record the router admitted
         position = end + 1
     if due is None:
         return None  # not a record the router admitted: the full path looks at it
     return LeanView(
-        header_bytes,
         awake,
         due,
         valid,
@@ -480,12 +437,9 @@ class LeanStep:
         deliveries: bool = True,
         max_record_bytes: int = 1_048_576,
     ) -> None:
-        self.next_hop_ms = planner.next_hop_ms
+        self.planner = planner
         self.max_record_bytes = max_record_bytes
         self.policy = policy
-        self.max_delay_ms = policy.max_delay_ms
-        self.max_retries = policy.max_retries
-        self.hold_below_ms = policy.hold_below_ms
         self.cancellations = cancellations
         self.known_topics = known_topics
         self.priority_lane = priority_lane
@@ -523,8 +477,6 @@ class LeanStep:
             view = scan(headers)
             if view is None:
                 return None
-        due, valid, expire, throttled = view.due, view.valid, view.expire, view.throttled
-        hops, retried, delayed, record_id = view.hops, view.retried, view.delayed, view.record_id
         # the target's policy at every step, as the full path's: a record written straight into
         # a delay topic is held to the router's rules (a deployment has few targets: remembered)
         target = self._targets.of(view.raw_target)
@@ -532,30 +484,24 @@ class LeanStep:
             return None
         if self.policy.check_target(target, self.known_topics()) is not None:
             return None
-        if retried is not None and retried > self.max_retries:
+        if applies_to(self.cancellations(view.record_id), view.delayed):
             return None
-        if applies_to(self.cancellations(record_id), delayed):
+        # the one decision (the full path's route() asks it too); a refusal is the full path's to explain
+        kind, first, second = decide(
+            self.policy, self.planner, now, view.due, view.valid, view.throttled, view.expire, view.retried or 0
+        )
+        if kind == DELIVER:
+            return self._deliver(headers, view, now, first, target, f"{where[0]}/{where[1]}/{offset}")
+        if kind == HOLD:
+            return Wait(first)  # a hop this short would arrive after its due time: held here
+        if kind != HOP:
             return None
-        if valid is not None and valid > due:
-            due = valid
-        if throttled is not None and throttled > due:
-            due = throttled
-        if expire is not None and (now >= expire or due >= expire):
-            return None
-        remaining = due - now
-        if remaining > self.max_delay_ms:
-            return None
-        if 0 < remaining < self.hold_below_ms:
-            return Wait(due)  # a hop this short would arrive after its due time: held here
-        step = self.next_hop_ms(remaining)
-        if step is None:
-            return self._deliver(headers, view, now, due, target, f"{where[0]}/{where[1]}/{offset}")
-        denomination, duration = step
+        denomination, duration = first, second
         lane = view.priority and self.priority_lane
         topic = self._topics.get((denomination, lane))
         if topic is None:
             topic = self._topics[(denomination, lane)] = self._topic_of(denomination, lane)
-        awake, count = str(now + duration).encode(), str(hops + 1).encode()
+        awake, count = str(now + duration).encode(), str(view.hops + 1).encode()
         packed = b"".join((_AWAKE_FIELD, awake, b";", _HOPS_FIELD, count, view.packed[view.tail :]))
         headers[view.packed_index] = (_PACKED, packed)
         return LeanHop(topic, headers)
@@ -569,18 +515,28 @@ class LeanStep:
         if not self.deliveries:
             return None
         retries = view.retried or 0
-        encoded = delivered_json(
-            view.record_id,
-            at=now,
-            retries=retries,
-            hops=view.hops,
-            target=target,
-            due=due,
-            source=source,
-            priority=view.priority,
-            throttled_until=view.throttled,
-            delayed_at=view.delayed,
-            replays=view.replays,
+        # the event delivered(...) makes, written to the target (partition and offset unknown)
+        encoded = write_event(  # its texts checked: a record id scan accepted, topic names
+            printable_text(view.record_id),
+            "delivered",
+            now,
+            step_seq(retries, view.hops, _DELIVERED_STAGE),
+            retries,
+            view.hops,
+            target,
+            None,  # awake_at: it waits nowhere any more
+            due,  # reactivate_at
+            now - due,  # lateness_ms
+            None,  # reason
+            source,
+            view.priority,
+            view.throttled,
+            view.delayed,
+            view.replays,
+            None,  # by: a step, no call
+            target,
+            None,
+            None,
         )
         skipped, packed = view.packed_index, view.packed
         kept = [header for index, header in enumerate(headers) if index != skipped]

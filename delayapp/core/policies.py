@@ -5,6 +5,11 @@ the current time; it answers one of :class:`Wait`, :class:`Enqueue` (next hop),
 :class:`Deliver` (to ``reactivateToTopic``) or :class:`DeadLetter` (with a reason). All
 policies are re-checked at every hop, so a record written straight into a delay topic,
 bypassing the router, is held to the same rules (allowed targets above all).
+
+The decision itself, past the target check, is :func:`decide`, over the few numbers it
+consults: :func:`route` asks it of a decoded record, and the lean paths
+(:mod:`delayapp.core.hop`, :mod:`delayapp.core.admission`) of what they read from the raw
+headers, so a step is decided in one place whichever path reads the record.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import uuid
 from collections.abc import Container
 from dataclasses import dataclass, field
 from hashlib import sha1
+from typing import Final
 
 from delayapp.core.durations import format_duration
 from delayapp.core.headers import DelayHeaders
@@ -232,6 +238,86 @@ def admit(
     )
 
 
+# What decide() answers, first of its three numbers: a step, or why the record cannot be
+# taken (the full path dead-letters it with that reason; a lean path declines, and the full
+# path then decides the same and explains).
+HOP: Final = 0  # then the hop's denomination and duration
+HOLD: Final = 1  # due too soon to hop: held where it is until the due time (then the due time)
+DELIVER: Final = 2  # due now (then the due time)
+RETRIES_EXHAUSTED: Final = 3
+VALID_NOT_BEFORE_EXPIRY: Final = 4
+EXPIRED: Final = 5
+EXPIRES_BEFORE_DUE: Final = 6
+DELAY_TOO_LONG: Final = 7
+
+
+def decide(
+    policy: Policy,
+    planner: Planner,
+    now: int,
+    due: int,
+    valid: int | None,
+    throttled: int | None,
+    expire: int | None,
+    retried: int,
+) -> tuple[int, int, int]:
+    """The next step at ``now`` of an admitted record with a valid target, no pending cancel
+    and whose ``awakeAt`` has come: the one decision every path takes (:func:`route` for the
+    full path, :class:`delayapp.core.hop.LeanStep` and
+    :class:`delayapp.core.admission.LeanAdmission` from their lean reading of the headers).
+
+    ``due`` is its ``reactivateAt``, moved by ``validAt`` and ``throttledUntil`` (a reserved
+    delivery slot counts like a later due time); ``retried`` its ``timeRetried`` (0 if absent).
+    Answers ``(kind, a, b)``: :data:`HOP` with the denomination and duration of the hop,
+    :data:`HOLD` or :data:`DELIVER` with the due time, or a refusal (:data:`RETRIES_EXHAUSTED`
+    ... :data:`DELAY_TOO_LONG`) with the due time. Three machine numbers, not an object:
+    compiled, it is answered without an allocation."""
+    if retried > policy.max_retries:
+        return RETRIES_EXHAUSTED, due, 0
+    if valid is not None and valid > due:
+        due = valid
+    if throttled is not None and throttled > due:
+        due = throttled
+    if expire is not None:
+        if valid is not None and valid >= expire:
+            return VALID_NOT_BEFORE_EXPIRY, due, 0
+        if now >= expire:
+            return EXPIRED, due, 0
+        if due >= expire:
+            return EXPIRES_BEFORE_DUE, due, 0
+    remaining = due - now
+    if remaining > policy.max_delay_ms:
+        return DELAY_TOO_LONG, due, 0
+    if 0 < remaining < policy.hold_below_ms:
+        return HOLD, due, 0  # a hop this short would arrive after its due time: hold it instead
+    step = planner.next_hop_ms(remaining)
+    if step is None:
+        return DELIVER, due, 0
+    return HOP, step[0], step[1]
+
+
+def _refusal(kind: int, state: DelayHeaders, due: int, now_ms: int, policy: Policy) -> DeadLetter:
+    """The dead letter of a refusal :func:`decide` answered, with its detail."""
+    if kind == RETRIES_EXHAUSTED:
+        return DeadLetter(
+            Reason.RETRIES_EXHAUSTED, f"timeRetried {state.time_retried or 0} exceeds the limit of {policy.max_retries}"
+        )
+    if kind == VALID_NOT_BEFORE_EXPIRY:
+        return DeadLetter(
+            Reason.EXPIRES_BEFORE_DUE, f"validAt {state.valid_at} is not before expireAt {state.expire_at}"
+        )
+    if kind == EXPIRED:
+        expire = state.expire_at or 0
+        return DeadLetter(Reason.EXPIRED, f"expireAt {expire} passed {now_ms - expire} ms ago")
+    if kind == EXPIRES_BEFORE_DUE:
+        return DeadLetter(Reason.EXPIRES_BEFORE_DUE, f"due at {due} but expires at {state.expire_at}")
+    assert kind == DELAY_TOO_LONG
+    return DeadLetter(
+        Reason.DELAY_TOO_LONG,
+        f"due in {format_duration(due - now_ms)}, beyond the maximum delay of {format_duration(policy.max_delay_ms)}",
+    )
+
+
 def route(
     state: DelayHeaders,
     *,
@@ -240,7 +326,8 @@ def route(
     policy: Policy,
     known_topics: Container[str] | None = None,
 ) -> Step:
-    """Decide the next step of an admitted record at ``now_ms``. Never releases early."""
+    """Decide the next step of an admitted record at ``now_ms`` (its wait, its target, then
+    :func:`decide`). Never releases early."""
     if state.awake_at is not None and now_ms < state.awake_at:
         return Wait(state.awake_at)
     target = state.reactivate_to_topic
@@ -250,29 +337,22 @@ def route(
     assert target is not None  # check_target refuses a record without a target
     if state.reactivate_at is None:
         return DeadLetter(Reason.MISSING_DUE_TIME, "no reactivateAt header on a delayed record")
-    retried = state.time_retried or 0
-    if retried > policy.max_retries:
-        return DeadLetter(Reason.RETRIES_EXHAUSTED, f"timeRetried {retried} exceeds the limit of {policy.max_retries}")
-    # a reserved delivery slot (throttling) counts like a later due time
-    due = max(state.reactivate_at, state.valid_at or 0, state.throttled_until or 0)
-    if state.expire_at is not None:
-        if state.valid_at is not None and state.valid_at >= state.expire_at:
-            return DeadLetter(
-                Reason.EXPIRES_BEFORE_DUE, f"validAt {state.valid_at} is not before expireAt {state.expire_at}"
-            )
-        if now_ms >= state.expire_at:
-            return DeadLetter(Reason.EXPIRED, f"expireAt {state.expire_at} passed {now_ms - state.expire_at} ms ago")
-        if due >= state.expire_at:
-            return DeadLetter(Reason.EXPIRES_BEFORE_DUE, f"due at {due} but expires at {state.expire_at}")
-    remaining = due - now_ms
-    if remaining > policy.max_delay_ms:
-        return DeadLetter(
-            Reason.DELAY_TOO_LONG,
-            f"due in {format_duration(remaining)}, beyond the maximum delay of {format_duration(policy.max_delay_ms)}",
+    kind, first, second = decide(
+        policy,
+        planner,
+        now_ms,
+        state.reactivate_at,
+        state.valid_at,
+        state.throttled_until,
+        state.expire_at,
+        state.time_retried or 0,
+    )
+    if kind == HOP:
+        return Enqueue(
+            Hop(first, second), state.evolve(awake_at=now_ms + second, delay_hops=(state.delay_hops or 0) + 1)
         )
-    if 0 < remaining < policy.hold_below_ms:
-        return Wait(due)  # a hop this short would arrive after its due time: hold it instead
-    hop = planner.next_hop(remaining)
-    if hop is None:
-        return Deliver(target, state.irremovable(), due)
-    return Enqueue(hop, state.evolve(awake_at=now_ms + hop.duration_ms, delay_hops=(state.delay_hops or 0) + 1))
+    if kind == DELIVER:
+        return Deliver(target, state.irremovable(), first)
+    if kind == HOLD:
+        return Wait(first)
+    return _refusal(kind, state, first, now_ms, policy)

@@ -16,7 +16,7 @@ from delayapp.core.admission import LeanAdmission, LeanAdmitted
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq, delivered, waiting
 from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
-from delayapp.core.hop import HEADER_OVERHEAD_BYTES, LeanDelivery, LeanHop, LeanStep
+from delayapp.core.hop import LeanDelivery, LeanHop, LeanStep, record_size
 from delayapp.core.layout import TopicLayout
 from delayapp.core.partition import credible_awake_at
 from delayapp.core.planner import Planner
@@ -39,16 +39,6 @@ from delayapp.engine.records import ConsumedRecord
 
 FIRST_SEEN_LIMIT = 10_000  # remembered first reads before stale ones are dropped
 FIRST_SEEN_KEEP_MS = 600_000  # far longer than any wait in the router (below the smallest hop)
-
-RECORD_OVERHEAD_BYTES = 70  # a record's framing in a v2 batch, at most
-
-
-def record_size(key: bytes | None, value: bytes | None, headers: h.Headers | None) -> int:
-    """Bytes a record takes on the wire, as brokers count it against message.max.bytes."""
-    size = RECORD_OVERHEAD_BYTES + len(key or b"") + len(value or b"")
-    for name, raw in headers or ():
-        size += len(name) + len(raw or b"") + HEADER_OVERHEAD_BYTES
-    return size
 
 
 OutputHeaders = list[tuple[str, bytes]] | list[tuple[str, bytes | None]]

@@ -17,10 +17,10 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, Message
 
 from delayapp.core.clock import GuardedClock, monotonic_ms
 from delayapp.core.headers import AWAKE_AT, REACTIVATE_TO_TOPIC, Headers, plain
-from delayapp.core.hop import HEADER_OVERHEAD_BYTES, LeanHeaders, scan
+from delayapp.core.hop import LeanHeaders, record_size, scan
 from delayapp.core.partition import REPLAN_AT_ONCE, AssignedPartitions, PartitionKey, Pending, credible_awake_at
 from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME
-from delayapp.engine.handler import RECORD_OVERHEAD_BYTES, Handler
+from delayapp.engine.handler import Handler
 from delayapp.engine.records import ConsumedRecord
 from delayapp.engine.stats import LoopStats
 
@@ -106,19 +106,16 @@ class Intake:
                 continue
             last = message
             headers = cast(LeanHeaders, message.headers() or [])
-            size = RECORD_OVERHEAD_BYTES + len(message.key() or b"") + len(message.value() or b"")
+            size = record_size(message.key(), message.value(), headers)
             offset, partition = message.offset(), message.partition()
             assert offset is not None and partition is not None  # a record, not an error event
             view = None if ingress else scan(headers)
             if view is not None:  # a delay topic's record as the router wrote it: read once, here
-                size += view.header_bytes
                 awake_at = self._credible(message, view.awake, fetched_at)
                 target = view.raw_target
             else:  # the router's record, or one the lean step does not read: the full path's
                 awake_raw: bytes | None = None
                 target = None
-                for name, raw in headers:
-                    size += len(name) + len(raw or b"") + HEADER_OVERHEAD_BYTES
                 for name, raw in headers if ingress else plain(headers):
                     if name == AWAKE_AT:
                         awake_raw = raw

@@ -8,15 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delayapp.core import headers as h
-from delayapp.core.admission import LeanAdmitted, entry_json
-from delayapp.core.audit import waiting
+from delayapp.core.admission import LeanAdmitted
 from delayapp.core.cancel import CancelRequest
+from delayapp.core.hop import record_size
 from delayapp.core.ladder import Ladder
 from delayapp.core.lanes import Lanes
 from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
 from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME, Policy
-from delayapp.engine.handler import RecordHandler, record_size
+from delayapp.engine.handler import RecordHandler
 from tests.support.records import Rec
 
 NOW = 1_800_000_000_000
@@ -186,39 +186,3 @@ def test_the_lean_admission_decides_as_the_full_path_or_not_at_all(headers: list
     step = lean(hh, rec, now)
     if step is not None:
         assert_as_full_path(hh, rec, step, now)
-
-
-_TIMES = st.integers(min_value=h.MIN_TIMESTAMP_MS, max_value=h.MAX_TIMESTAMP_MS)
-
-
-@given(
-    record_id=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=200),
-    at=_TIMES,
-    awake=_TIMES,
-    due=_TIMES,
-    delayed=_TIMES,
-    target=st.from_regex(r"[a-zA-Z0-9._-]{1,249}", fullmatch=True),
-    topic=st.from_regex(r"[a-zA-Z0-9._-]{1,249}", fullmatch=True),
-)
-def test_an_entry_step_is_the_contracts_byte_for_byte(
-    record_id: str, at: int, awake: int, due: int, delayed: int, target: str, topic: str
-) -> None:
-    """Made as text (record ids with quotes and backslashes included), it is what AuditEvent.encode
-    writes of waiting(...): the wire format has one definition."""
-    source = "u.ingress/2/41"
-    event = waiting(
-        record_id,
-        at=at,
-        retries=0,
-        hops=1,
-        target=target,
-        awake_at=awake,
-        due=due,
-        source=source,
-        priority=False,
-        throttled_until=None,
-        delayed_at=delayed,
-    )
-    assert entry_json(
-        record_id, at=at, target=target, awake_at=awake, due=due, source=source, delayed_at=delayed, topic=topic
-    ) == event.encode(topic, None, None)

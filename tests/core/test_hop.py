@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from delayapp.core import headers as h
 from delayapp.core import hop
-from delayapp.core.audit import delivered
 from delayapp.core.cancel import CancelRequest
 from delayapp.core.hop import LeanDelivery, LeanHop
 from delayapp.core.ladder import Ladder
@@ -255,38 +254,39 @@ def test_a_number_read_byte_by_byte_is_what_decode_reads(raw: bytes, after: byte
         assert end == 8 + len(raw)
 
 
-_TIMES = st.integers(min_value=h.MIN_TIMESTAMP_MS, max_value=h.MAX_TIMESTAMP_MS)
-_COUNTS = st.integers(min_value=0, max_value=h.MAX_COUNT)
+def test_a_records_size_is_its_framing_key_value_and_headers() -> None:
+    """One function sizes a record for the intake (what it queues) and the full path (what it refuses)."""
+    headers: list[tuple[str, bytes | None]] = [("traceparent", b"00-ab"), ("empty", None)]
+    expected = hop.RECORD_OVERHEAD_BYTES + 2 + 3 + (11 + 5 + 10) + (5 + 0 + 10)
+    assert hop.record_size(b"k1", b"abc", headers) == expected
+    assert hop.record_size(None, None, None) == hop.RECORD_OVERHEAD_BYTES
+    assert hop.record_size(None, b"", tuple(headers)) == expected - 5
 
 
-@given(
-    record_id=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=200),
-    at=_TIMES,
-    due=_TIMES,
-    retries=_COUNTS,
-    hops=_COUNTS,
-    priority=st.booleans(),
-    throttled=st.none() | _TIMES,
-    delayed=st.none() | _TIMES,
-    replays=_COUNTS,
-    target=st.from_regex(r"[a-zA-Z0-9._-]{1,249}", fullmatch=True),
-)
-def test_a_lean_deliverys_event_is_the_contracts_byte_for_byte(
-    record_id: str,
-    at: int,
-    due: int,
-    retries: int,
-    hops: int,
-    priority: bool,
-    throttled: int | None,
-    delayed: int | None,
-    replays: int,
-    target: str,
-) -> None:
-    """Made as text on the lean path (record ids with quotes and backslashes included), it is what
-    AuditEvent.encode writes of delivered(...): the wire format has one definition."""
-    fields = dict(at=at, retries=retries, hops=hops, target=target, due=due, source="d.delay.1s/3/17")
-    same = dict(priority=priority, throttled_until=throttled, delayed_at=delayed, replays=replays)
-    assert hop.delivered_json(record_id, **fields, **same) == delivered(record_id, **fields, **same).encode(
-        target, None, None
-    )
+def test_the_lean_reading_numbers_the_packed_fields_by_the_codecs_table() -> None:
+    """What scan relies on in h.PACKED_FIELDS (the table pack writes by): awakeAt and delayHops
+    first (a hop rewrites them as a prefix), then the fields a delivery keeps (copied as one
+    run), the record id last (its value is the rest); every field a count, a time, or one
+    scan reads by name (else a record carrying it always takes the full path)."""
+    fields = h.PACKED_FIELDS
+    kept = [name for name in h.IRREMOVABLE if name != h.RECORD_ID]
+    assert fields[:2] == (h.AWAKE_AT, h.DELAY_HOPS) and fields[-1] == h.RECORD_ID
+    assert set(fields[2 : 2 + len(kept)]) == set(kept) and sorted(fields) == sorted(h.DELAY_HEADERS)
+    read_by_name = {h.REACTIVATE_TO_TOPIC, h.PRIORITY, h.DELAY_MS, h.RECORD_ID}
+    assert set(fields) <= {*h.COUNT_HEADERS, *h.TIME_HEADERS, *read_by_name}
+    assert {name.encode(): place for place, name in enumerate(fields, 1)} == hop._READ
+    assert 2 + len(kept) == hop._LAST_KEPT
+
+
+def test_a_packed_field_the_lean_step_does_not_consult_is_checked_and_carried() -> None:
+    """originatedAt (a time scan checks but no decision reads) travels on a hop and a delivery as is."""
+    origin = f"originatedAt={NOW - 60_000}".encode()
+    step = lean(handler(), admitted())
+    assert isinstance(step, LeanHop) and origin in dict(step.headers)[h.DELAY_STATE]
+    step = lean(handler(), admitted(reactivate_at=NOW - 5))
+    assert isinstance(step, LeanDelivery) and dict(step.headers)[h.ORIGINATED_AT] == str(NOW - 60_000).encode()
+    forged = [
+        (name, raw.replace(origin, b"originatedAt=x")) if name == h.DELAY_STATE and raw else (name, raw)
+        for name, raw in admitted()
+    ]
+    assert hop.scan(forged) is None  # not a time: the full path's to refuse
