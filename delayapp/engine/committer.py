@@ -42,7 +42,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from delayapp.core.clock import GuardedClock
 from delayapp.core.partition import AssignedPartitions, PartitionKey
 from delayapp.engine.stats import LoopStats
-from delayapp.engine.writer import Writer
+from delayapp.engine.writer import WriteFailed, Writer
 from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -232,27 +232,18 @@ class Committer:
     def abandon(self) -> None:
         """Drop what is in flight without committing it (the new owners redo it)."""
         self.drop()
-        self.writer.write_error = None
 
     def discard(self) -> None:
         """After a failure: forget what is in flight, with no word to the broker (an open
         transaction is aborted by the broker when the next producer with its id starts)."""
         self.drop()
-        self.writer.write_error = None
 
     def drop(self) -> set[PartitionKey]:
-        """Forget every write in flight and every step not yet published; their partitions."""
+        """Forget every write in flight and every step not yet published (the writer is told:
+        :meth:`Writer.drop_writes`); their partitions, to be redone from their commits."""
         partitions: set[PartitionKey] = set().union(*(b.partitions for b in self.in_flight))
         self.clear_in_flight()
-        self.writer.drop_unpublished()
-        return partitions
-
-    def _redo(self, error: KafkaError | None) -> set[PartitionKey]:
-        """Drop the batches in flight and return their partitions, whose redo is careful when
-        ``error`` refused a record for good."""
-        partitions = self.drop()
-        if error is not None:
-            self.writer.redo_carefully(error, partitions)
+        self.writer.drop_writes(partitions)
         return partitions
 
     def _committed_to(self, offsets: Offsets) -> None:
@@ -290,24 +281,22 @@ class AtLeastOnceCommitter(Committer):
         While records keep arriving the queue need not empty by itself: once the oldest batch
         in flight is ``DRAIN_AFTER_MS`` old (or too many are in flight), the loop waits for the
         queue to drain, so acknowledging costs one round trip per drain, not per batch."""
-        producer = self.producer
-        producer.poll(wait_s)
-        if self.writer.write_error is not None:
-            self._fail()
-            return
-        oldest = self.audited[0] if self.audited else self.in_flight[0] if self.in_flight else None
-        if oldest is None:
-            return
-        oldest_s = time.monotonic() - oldest.started_s
-        left_s = self.settings.emit_timeout / 1000 - oldest_s
-        if left_s <= 0 or (
-            len(producer) and (oldest_s * 1000 >= DRAIN_AFTER_MS or self.full) and producer.flush(left_s) > 0
-        ):
-            raise EmitTimeout(f"writing a batch and committing took over {self.settings.emit_timeout} ms")
-        if len(producer):
-            return  # not drained yet, and not due to be
-        if self.writer.write_error is not None:  # reported while draining
-            self._fail()
+        writer = self.writer
+        try:
+            writer.poll(wait_s)
+            oldest = self.audited[0] if self.audited else self.in_flight[0] if self.in_flight else None
+            if oldest is None:
+                return
+            oldest_s = time.monotonic() - oldest.started_s
+            left_s = self.settings.emit_timeout / 1000 - oldest_s
+            if left_s <= 0 or (
+                writer.queued and (oldest_s * 1000 >= DRAIN_AFTER_MS or self.full) and writer.flush(left_s) > 0
+            ):
+                raise EmitTimeout(f"writing a batch and committing took over {self.settings.emit_timeout} ms")
+            if writer.queued:
+                return  # not drained yet, and not due to be
+        except WriteFailed as failed:
+            self._fail(failed)
             return
         self._commit(self._acknowledged())
 
@@ -316,9 +305,11 @@ class AtLeastOnceCommitter(Committer):
         # 3. then the commit. A failure anywhere leaves it to the next owner to redo.
         done: Offsets = {}
         for _ in range(2):
-            self.producer.flush(self.settings.emit_timeout / 1000)
-            if self.writer.write_error is not None or len(self.producer):
-                self.writer.write_error = None
+            try:
+                left = self.writer.flush(self.settings.emit_timeout / 1000)
+            except WriteFailed:
+                left = -1
+            if left:
                 self.drop()
                 return
             done.update(self._acknowledged())
@@ -361,13 +352,12 @@ class AtLeastOnceCommitter(Committer):
             self.consumer.commit(offsets=points, asynchronous=True)
         self._committed_to(offsets)
 
-    def _fail(self) -> None:
+    def _fail(self, failed: WriteFailed) -> None:
         """A write failed: let everything in flight finish, then fetch every partition in flight
         again from its commit (what was written is written again)."""
-        self.producer.flush(self.settings.emit_timeout / 1000)
-        error, self.writer.write_error = self.writer.write_error, None
-        assert error is not None
-        partitions = self._redo(error)
+        self.producer.flush(self.settings.emit_timeout / 1000)  # whatever they meet: they are dropped
+        error = failed.error
+        partitions = self.drop()
         if error.fatal():
             raise KafkaException(error)
         log.warning("%s: writing a batch failed (%s); rewinding its partitions", self.label, error)
@@ -477,11 +467,10 @@ class ExactlyOnceCommitter(Committer):
         points = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
 
         def commit() -> None:
-            # 1. every write acknowledged (audit events are written with their records)
-            if producer.flush(timeout_s) > 0:
+            # 1. every write acknowledged (audit events are written with their records); a
+            #    failed one raises WriteFailed (a KafkaException: the transaction aborts)
+            if writer.flush(timeout_s) > 0:
                 raise EmitTimeout(f"writing a transaction's records took over {timeout_s * 1000:.0f} ms")
-            if writer.write_error is not None:
-                raise KafkaException(writer.write_error)
             # 2. the member that opened it is still the group's member
             if fenced is not None:
                 raise Fenced(f"member {fenced[0]!r} is not the group's member any more ({fenced[1]!r})")
@@ -547,8 +536,7 @@ class ExactlyOnceCommitter(Committer):
         fenced = isinstance(exc, Fenced) or (error is not None and error.code() in _FENCING_CODES)
         if fenced:
             self.stats.fenced += 1
-        write_error, self.writer.write_error = self.writer.write_error, None
-        partitions = self._redo(write_error)
+        partitions = self.drop()  # the writer makes the redo careful if a record was refused for good
         log.warning(
             "%s: transaction aborted (%s); rewinding its partitions%s",
             self.label,
