@@ -21,6 +21,10 @@ One interface, two implementations, as Kafka Streams' ``TaskManager`` commits th
   clients, and the new producer, with the same transactional id, fences the old one and aborts
   its transaction.
 
+A committer never calls back into the loop: each of its calls returns an :class:`Outcome`
+(the commits the broker confirmed, the partitions to fetch again, a pause), which the loop acts
+on, or raises what makes the loop reopen.
+
 A committer lives as long as the loop's clients: the loop builds one each time it opens them.
 """
 
@@ -31,7 +35,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -93,6 +97,21 @@ class TransactionStuck(Exception):
     loop reopens its clients: the new producer fences this one and aborts its transaction."""
 
     retriable = True
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a committer's call did that the loop acts on, in this order: 1. commits the broker
+    confirmed (what a loss would make others redo shrinks); 2. partitions whose writes were
+    dropped, fetched again from their commits; 3. a pause before fetching again (seconds)."""
+
+    confirmed: Mapping[PartitionKey, tuple[int, str]] = field(default_factory=dict)
+    rewind: Collection[PartitionKey] = frozenset()
+    pause_s: float = 0.0
+
+
+QUIET = Outcome()
+"""Nothing for the loop to do (returned as is: the loop tests ``is QUIET``, nothing is allocated)."""
 
 
 @dataclass(eq=False)
@@ -175,9 +194,6 @@ class Committer:
         stats: LoopStats,
         settings: Settings,
         clock: GuardedClock,
-        rewind: Callable[[set[PartitionKey]], None],
-        pause: Callable[[float], object],
-        confirmed: Callable[[Offsets], None] | None = None,
     ) -> None:
         self.label = label
         self.producer = producer
@@ -188,9 +204,6 @@ class Committer:
         self.stats = stats
         self.settings = settings
         self.clock = clock
-        self.rewind = rewind  # fetch these partitions again from their commits
-        self.pause = pause  # wait this many seconds, or less if the loop stops meanwhile
-        self.confirmed = confirmed  # told of commits the broker acknowledged (the loop's count of what a loss redoes)
         self.in_flight: deque[Batch] = deque()
         self.in_flight_records = 0  # the records of the batches in flight
         self.max_in_flight_records = MAX_IN_FLIGHT_BATCHES * settings.max_batch
@@ -200,10 +213,10 @@ class Committer:
         while writes await their acknowledgements, which are served between fetches."""
         return ACK_POLL_MS if self.in_flight else idle_ms
 
-    def make_room(self) -> bool:
-        """Before a fetch: True when too much was in flight and the loop served acknowledgements
-        instead (it fetches on its next pass); False to fetch now."""
-        return False
+    def make_room(self) -> Outcome | None:
+        """Before a fetch: None to fetch now; else too much was in flight and the loop served
+        acknowledgements instead (it acts on the outcome and fetches on its next pass)."""
+        return None
 
     def begin(self, offsets: Offsets, partitions: set[PartitionKey], records: int) -> None:
         """A decided batch of ``records`` with commit points ``offsets``, touching ``partitions``,
@@ -221,11 +234,11 @@ class Committer:
         self.in_flight.clear()
         self.in_flight_records = 0
 
-    def after_pass(self, *, idle: bool) -> None:
+    def after_pass(self, *, idle: bool) -> Outcome:
         """After each pass of the loop (``idle``: it decided nothing): acknowledge and commit what may be."""
         raise NotImplementedError
 
-    def finish(self) -> None:
+    def finish(self) -> Outcome:
         """Settle everything in flight now and commit it (before a rebalance or a stop)."""
         raise NotImplementedError
 
@@ -263,16 +276,15 @@ class AtLeastOnceCommitter(Committer):
     def poll_limit_ms(self, idle_ms: int) -> int:
         return ACK_POLL_MS if self.in_flight or self.audited else idle_ms
 
-    def make_room(self) -> bool:
+    def make_room(self) -> Outcome | None:
         if not self.full:
-            return False
-        self.settle(wait_s=ACK_POLL_MS / 1000)
-        return True
+            return None
+        return self.settle(wait_s=ACK_POLL_MS / 1000)
 
-    def after_pass(self, *, idle: bool) -> None:
-        self.settle(wait_s=0)
+    def after_pass(self, *, idle: bool) -> Outcome:
+        return self.settle(wait_s=0)
 
-    def settle(self, *, wait_s: float) -> None:
+    def settle(self, *, wait_s: float) -> Outcome:
         """Serve librdkafka's reports; at a point where every write in flight is acknowledged
         (the producer's queue is empty), publish the steps of the batches written so far and
         commit the batches whose steps were published at the point before; a failed write
@@ -286,7 +298,7 @@ class AtLeastOnceCommitter(Committer):
             writer.poll(wait_s)
             oldest = self.audited[0] if self.audited else self.in_flight[0] if self.in_flight else None
             if oldest is None:
-                return
+                return QUIET
             oldest_s = time.monotonic() - oldest.started_s
             left_s = self.settings.emit_timeout / 1000 - oldest_s
             if left_s <= 0 or (
@@ -294,13 +306,13 @@ class AtLeastOnceCommitter(Committer):
             ):
                 raise EmitTimeout(f"writing a batch and committing took over {self.settings.emit_timeout} ms")
             if writer.queued:
-                return  # not drained yet, and not due to be
+                return QUIET  # not drained yet, and not due to be
         except WriteFailed as failed:
-            self._fail(failed)
-            return
+            return self._fail(failed)
         self._commit(self._acknowledged())
+        return QUIET  # acknowledged in the consumer's commit callback
 
-    def finish(self) -> None:
+    def finish(self) -> Outcome:
         # 1. every write acknowledged; 2. the steps of those writes published and acknowledged;
         # 3. then the commit. A failure anywhere leaves it to the next owner to redo.
         done: Offsets = {}
@@ -311,9 +323,9 @@ class AtLeastOnceCommitter(Committer):
                 left = -1
             if left:
                 self.drop()
-                return
+                return QUIET
             done.update(self._acknowledged())
-        self._commit(done, wait=True)
+        return Outcome(confirmed=self._commit(done, wait=True))
 
     def drop(self) -> set[PartitionKey]:
         partitions = set().union(*(b.partitions for b in self.audited))
@@ -337,22 +349,22 @@ class AtLeastOnceCommitter(Committer):
         self.clear_in_flight()
         return done
 
-    def _commit(self, offsets: Offsets, *, wait: bool = False) -> None:
-        """Commit ``offsets`` (with their released-ahead metadata)."""
+    def _commit(self, offsets: Offsets, *, wait: bool = False) -> Offsets:
+        """Commit ``offsets`` (with their released-ahead metadata); those the broker confirmed
+        (``wait``: all of them; else none yet, the consumer's commit callback tells)."""
         with self.state_lock:
             offsets = {key: point for key, point in offsets.items() if key in self.parts.parts}
         if not offsets:
-            return
+            return {}
         points = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
         if wait:
             self.consumer.commit(offsets=points, asynchronous=False)
-            if self.confirmed is not None:
-                self.confirmed(offsets)
         else:  # acknowledged in the consumer's commit callback
             self.consumer.commit(offsets=points, asynchronous=True)
         self._committed_to(offsets)
+        return offsets if wait else {}
 
-    def _fail(self, failed: WriteFailed) -> None:
+    def _fail(self, failed: WriteFailed) -> Outcome:
         """A write failed: let everything in flight finish, then fetch every partition in flight
         again from its commit (what was written is written again)."""
         self.producer.flush(self.settings.emit_timeout / 1000)  # whatever they meet: they are dropped
@@ -361,8 +373,7 @@ class AtLeastOnceCommitter(Committer):
         if error.fatal():
             raise KafkaException(error)
         log.warning("%s: writing a batch failed (%s); rewinding its partitions", self.label, error)
-        self.rewind(partitions)
-        self.pause(FAILED_WRITE_PAUSE_S)
+        return Outcome(rewind=partitions, pause_s=FAILED_WRITE_PAUSE_S)
 
 
 class ExactlyOnceCommitter(Committer):
@@ -392,30 +403,34 @@ class ExactlyOnceCommitter(Committer):
             self.txn_open_since = time.monotonic()
         super().begin(offsets, partitions, records)
 
-    def after_pass(self, *, idle: bool) -> None:
+    def after_pass(self, *, idle: bool) -> Outcome:
         """Settle the transaction's end under way; else commit the open transaction when the
         loop is idle, or when it has been open ``commit_interval``, or holds as many records as
         the loop lets be in flight."""
         if self._ending is not None:
-            self._settle(TXN_WAIT_S)
-            return
+            return self._settle(TXN_WAIT_S)
         if self.txn_open_since is None:
-            return
+            return QUIET
         self.producer.poll(0)
         with self.state_lock:
             ready = self.parts.ready(self.clock())
         open_s = time.monotonic() - self.txn_open_since
         if (idle and not ready) or open_s * 1000 >= self.settings.commit_interval or self.full:
             self._start_commit()
-            self._settle(TXN_WAIT_S)
+            return self._settle(TXN_WAIT_S)
+        return QUIET
 
-    def finish(self) -> None:
+    def finish(self) -> Outcome:
         # 1. the end under way, if any, completes or is given up (TransactionStuck);
-        # 2. the open transaction, if any, is committed (or aborted and rewound) the same way
+        # 2. the open transaction, if any, is committed (or aborted: its partitions rewound) the same way
         if self._ending is None and self.txn_open_since is not None:
             self._start_commit()
+        outcome = QUIET
         while self._ending is not None:
-            self._settle(TXN_WAIT_S)
+            settled = self._settle(TXN_WAIT_S)
+            if settled is not QUIET:  # a commit confirmed, or an abort done (after a failed commit)
+                outcome = settled
+        return outcome
 
     def abandon(self) -> None:
         ending = self._ending
@@ -481,8 +496,8 @@ class ExactlyOnceCommitter(Committer):
 
         self._ending = _Ending(commit=True, future=self._ender.submit(commit), offsets=offsets)
 
-    def _settle(self, wait_s: float) -> None:
-        """Wait up to ``wait_s`` for the end under way; act on its outcome once it has one."""
+    def _settle(self, wait_s: float) -> Outcome:
+        """Wait up to ``wait_s`` for the end under way; its outcome once it has one."""
         ending = self._ending
         assert ending is not None
         try:
@@ -502,24 +517,22 @@ class ExactlyOnceCommitter(Committer):
                     "committing" if ending.commit else "aborting",
                     waited,
                 )
-            return
+            return QUIET
         except Exception as exc:
             self._ending = None
             if ending.commit:
-                self._commit_failed(exc)
+                self._commit_failed(exc)  # the abort is under way: its outcome comes at a later settle
             else:
                 self._abort_failed(exc)
-            return
+            return QUIET
         self._ending = None
         if ending.logged:
             log.info("%s: the transaction's end completed after %.1f s", self.label, time.monotonic() - ending.since)
         if ending.commit:
             self.clear_in_flight()
             self._committed_to(ending.offsets)
-            if self.confirmed is not None:
-                self.confirmed(ending.offsets)
-        else:
-            self.rewind(ending.partitions)
+            return Outcome(confirmed=ending.offsets)
+        return Outcome(rewind=ending.partitions)
 
     def _commit_failed(self, exc: BaseException) -> None:
         """A commit that failed: a fatal error or one that timed out reopens the loop; anything

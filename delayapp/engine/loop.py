@@ -56,10 +56,12 @@ from delayapp.core.clock import GuardedClock
 from delayapp.core.partition import AssignedPartitions, PartitionKey
 from delayapp.core.uncommitted import CommitPoint, written_not_committed
 from delayapp.engine.committer import (
+    QUIET,
     AtLeastOnceCommitter,
     Committer,
     EmitTimeout,
     ExactlyOnceCommitter,
+    Outcome,
     kafka_error,
 )
 from delayapp.engine.handler import Handler
@@ -150,7 +152,6 @@ class HopLoop(Service):
             stats=self.stats,
             clock=self.clock,
             threshold_ms=settings.liveness_threshold,
-            rewind=self._rewind,
         )
         self._pending_seeks: dict[PartitionKey, int | None] = {}
         # the commit the broker holds for each partition (read at assignment, then each commit it
@@ -364,7 +365,6 @@ class HopLoop(Service):
             clock=self.clock,
             ingress=self.ingress,
             max_wait_ms=self.max_wait_ms,
-            fetch_error=self._fetch_error,
             before_decide=self._ensure_targets if self.before_decide is not None else None,
         )
         writer = self._writer = Writer(
@@ -395,9 +395,6 @@ class HopLoop(Service):
             stats=self.stats,
             settings=s,
             clock=self.clock,
-            rewind=self._rewind,
-            pause=self._stopping.wait,
-            confirmed=self._confirm_commits,
         )
 
     def _close(self, *, clean: bool) -> None:
@@ -491,7 +488,7 @@ class HopLoop(Service):
         committer = self._committer
         if committer is not None:
             try:
-                committer.finish()
+                self._act(committer.finish())
             except Exception as exc:
                 log.warning("%s: could not commit before the rebalance (%s); the next owner redoes it", self.label, exc)
                 committer.abandon()
@@ -536,7 +533,10 @@ class HopLoop(Service):
     # -- the loop -----------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        """The thread's loop: fetch, decide, write, commit, until the loop stops or fails."""
+        """The thread's loop: fetch, decide, write, commit, until the loop stops or fails.
+
+        Intake, liveness check and committer never call back into it: they return what the
+        loop must do (partitions to reset or rewind, commits confirmed), or raise to reopen."""
         consumer, intake, writer, committer = self._consumer, self._intake, self._writer, self._committer
         assert consumer is not None and intake is not None and writer is not None and committer is not None
         steps = Steps(handler=self.handler, writer=writer, ingress=self.ingress, max_wait_ms=self.max_wait_ms)
@@ -548,17 +548,23 @@ class HopLoop(Service):
             if committer.failure is not None:  # found in a rebalance callback: reopen
                 raise committer.failure
             if not committer.busy:  # while a transaction ends, its partitions wait for it
-                self._liveness.check(consumer)
+                stalled = self._liveness.check(consumer)
+                if stalled:
+                    self._rewind(stalled)
             self._apply_pauses()
-            if committer.make_room():
+            served = committer.make_room()
+            if served is not None:  # too much in flight: acknowledgements served instead of a fetch
+                self._act(served)
                 continue
             messages = consumer.consume(self.settings.max_batch, self._poll_timeout_ms() / 1000)
             if messages:
-                intake.take(messages)
+                resets = intake.take(messages)
+                if resets:
+                    self._reset(resets)
             if committer.busy:
                 # a transaction is ending (commit or abort): the consumer is served, nothing is
                 # decided until it has (or until it is given up and the loop reopens)
-                committer.after_pass(idle=True)
+                self._act(committer.after_pass(idle=True))
                 continue
             with DECIDING, self._state_lock:
                 batch, offsets, new_waits = self.parts.decide(self.clock, steps, now_s=time.monotonic())
@@ -566,7 +572,20 @@ class HopLoop(Service):
             if batch or offsets:
                 committer.begin(offsets, {key for key, _, _ in batch}, len(batch))
                 writer.emit(batch)
-            committer.after_pass(idle=not (batch or offsets))
+            outcome = committer.after_pass(idle=not (batch or offsets))
+            if outcome is not QUIET:
+                self._act(outcome)
+
+    def _act(self, outcome: Outcome) -> None:
+        """Act on what the committer did, in order: 1. count the commits the broker confirmed
+        (before a rewind reports what is not committed); 2. fetch the partitions whose writes
+        were dropped again from their commits; 3. pause before fetching again."""
+        if outcome.confirmed:
+            self._confirm_commits(dict(outcome.confirmed))
+        if outcome.rewind:
+            self._rewind(set(outcome.rewind))
+        if outcome.pause_s:
+            self._stopping.wait(outcome.pause_s)
 
     def _poll_timeout_ms(self) -> int:
         """Block no longer than until the earliest wait ends, nor while writes or a transaction
@@ -576,19 +595,34 @@ class HopLoop(Service):
         with self._state_lock:
             return self.parts.poll_timeout_ms(self.clock(), idle)
 
-    def _fetch_error(self, message: Message, error: KafkaError) -> None:
-        if error.code() == KafkaError._AUTO_OFFSET_RESET:
-            topic, partition = message.topic(), message.partition()
-            assert topic is not None and partition is not None  # a reset error names its partition
-            self._reset((topic, partition))
-        elif error.fatal():
-            raise KafkaException(error)
-        else:
-            log.warning("%s: fetch: %s", self.label, error)
+    def _reset(self, keys: list[PartitionKey]) -> None:
+        """Committed positions the log no longer holds: sound the alarm (records deleted by
+        retention before they were forwarded), then read those partitions from their beginning
+        and every other served partition again from its commit."""
+        for key in dict.fromkeys(keys):
+            self._alarm(key)
+        # librdkafka leaves a partition whose reset failed in an error state that refuses seeks:
+        # assign every served partition again, these from the start of their log, the others
+        # from their commits (what was fetched since is fetched again)
+        self._report_uncommitted(self.assignment() - set(keys), "rewound", to_broker_commit=False)
+        now_s = time.monotonic()
+        with self._state_lock:
+            for key in keys:
+                if key in self.parts.parts:
+                    self.parts.adopt(key, None, None, now_s=now_s)
+            positions = self.parts.rewind(list(self.parts.parts), now_s=now_s)
+        self._pending_seeks.clear()
+        consumer = self._consumer
+        assert consumer is not None
+        consumer.assign(
+            [
+                TopicPartition(t, p, OFFSET_BEGINNING if position is None else position)
+                for (t, p), position in positions.items()
+            ]
+        )
 
-    def _reset(self, key: PartitionKey) -> None:
-        """A committed position the log no longer holds: sound the alarm (records deleted by
-        retention before they were forwarded), then read the partition from its beginning."""
+    def _alarm(self, key: PartitionKey) -> None:
+        """Log and count the records of ``key`` that retention deleted before they were forwarded."""
         consumer = self._consumer
         assert consumer is not None
         with self._state_lock:
@@ -609,21 +643,6 @@ class HopLoop(Service):
                 lost,
                 key[0],
             )
-        # librdkafka leaves a partition whose reset failed in an error state that refuses seeks:
-        # assign every served partition again, this one from the start of its log, the others
-        # from their commits (what was fetched since is fetched again)
-        self._report_uncommitted(self.assignment() - {key}, "rewound", to_broker_commit=False)
-        with self._state_lock:
-            if part is not None:
-                self.parts.adopt(key, None, None, now_s=time.monotonic())
-            positions = self.parts.rewind(list(self.parts.parts), now_s=time.monotonic())
-        self._pending_seeks.clear()
-        consumer.assign(
-            [
-                TopicPartition(t, p, OFFSET_BEGINNING if position is None else position)
-                for (t, p), position in positions.items()
-            ]
-        )
 
     def _ensure_targets(self, names: set[str]) -> None:
         """Run ``before_decide`` on the worker's event loop with the target topics a fetched batch names."""
