@@ -229,8 +229,8 @@ class Committer:
         """True when as many records are in flight as the loop lets be (:data:`MAX_IN_FLIGHT_BATCHES`)."""
         return self.in_flight_records >= self.max_in_flight_records
 
-    def clear_in_flight(self) -> None:
-        """Forget the batches in flight (acknowledged, committed or dropped)."""
+    def _clear_batches(self) -> None:
+        """The batches in flight are done with (acknowledged, committed, or dropped by :meth:`_drop`)."""
         self.in_flight.clear()
         self.in_flight_records = 0
 
@@ -242,20 +242,25 @@ class Committer:
         """Settle everything in flight now and commit it (before a rebalance or a stop)."""
         raise NotImplementedError
 
+    # One verb per way of forgetting work: the partitions leave (abandon), the clients close
+    # (close), the writes in flight failed and are redone (_drop, which the other two share).
+
     def abandon(self) -> None:
-        """Drop what is in flight without committing it (the new owners redo it)."""
-        self.drop()
+        """The partitions leave (lost, or a revocation that could not commit): drop what is in
+        flight without committing it (the new owners redo it); an open transaction is aborted."""
+        self._drop()
 
-    def discard(self) -> None:
-        """After a failure: forget what is in flight, with no word to the broker (an open
-        transaction is aborted by the broker when the next producer with its id starts)."""
-        self.drop()
+    def close(self) -> None:
+        """The clients close (after a failure, or at a stop once the revocation committed): forget
+        what is in flight with no word to the broker (an open transaction is aborted by the
+        broker when the next producer with its id starts)."""
+        self._drop()
 
-    def drop(self) -> set[PartitionKey]:
+    def _drop(self) -> set[PartitionKey]:
         """Forget every write in flight and every step not yet published (the writer is told:
         :meth:`Writer.drop_writes`); their partitions, to be redone from their commits."""
         partitions: set[PartitionKey] = set().union(*(b.partitions for b in self.in_flight))
-        self.clear_in_flight()
+        self._clear_batches()
         self.writer.drop_writes(partitions)
         return partitions
 
@@ -322,15 +327,15 @@ class AtLeastOnceCommitter(Committer):
             except WriteFailed:
                 left = -1
             if left:
-                self.drop()
+                self._drop()
                 return QUIET
             done.update(self._acknowledged())
         return Outcome(confirmed=self._commit(done, wait=True))
 
-    def drop(self) -> set[PartitionKey]:
+    def _drop(self) -> set[PartitionKey]:
         partitions = set().union(*(b.partitions for b in self.audited))
         self.audited.clear()
-        return partitions | super().drop()
+        return partitions | super()._drop()
 
     def _acknowledged(self) -> Offsets:
         """At a point where every write in flight is acknowledged: publish the steps of the
@@ -346,7 +351,7 @@ class AtLeastOnceCommitter(Committer):
         else:
             for batch in self.in_flight:
                 done.update(batch.offsets)
-        self.clear_in_flight()
+        self._clear_batches()
         return done
 
     def _commit(self, offsets: Offsets, *, wait: bool = False) -> Offsets:
@@ -369,7 +374,7 @@ class AtLeastOnceCommitter(Committer):
         again from its commit (what was written is written again)."""
         self.producer.flush(self.settings.emit_timeout / 1000)  # whatever they meet: they are dropped
         error = failed.error
-        partitions = self.drop()
+        partitions = self._drop()
         if error.fatal():
             raise KafkaException(error)
         log.warning("%s: writing a batch failed (%s); rewinding its partitions", self.label, error)
@@ -452,18 +457,18 @@ class ExactlyOnceCommitter(Committer):
             if error is not None and error.fatal():
                 self.failure = exc
 
-    def discard(self) -> None:
+    def close(self) -> None:
         if self._ending is not None and not self._ending.future.done():
             self.producer_unusable = True  # its call is under way: the new producer fences it
-        super().discard()
+        super().close()
         self._ender.close()
 
-    def drop(self) -> set[PartitionKey]:
+    def _drop(self) -> set[PartitionKey]:
         # after a failure nothing in flight is committed; an open transaction is aborted by the
         # broker when the next producer with this transactional id starts
         self.txn_open_since = None
         self._ending = None
-        return super().drop()
+        return super()._drop()
 
     def _start_commit(self) -> None:
         """Hand the open transaction's commit to the ender: its writes flushed, then its offsets
@@ -529,7 +534,7 @@ class ExactlyOnceCommitter(Committer):
         if ending.logged:
             log.info("%s: the transaction's end completed after %.1f s", self.label, time.monotonic() - ending.since)
         if ending.commit:
-            self.clear_in_flight()
+            self._clear_batches()
             self._committed_to(ending.offsets)
             return Outcome(confirmed=ending.offsets)
         return Outcome(rewind=ending.partitions)
@@ -549,7 +554,7 @@ class ExactlyOnceCommitter(Committer):
         fenced = isinstance(exc, Fenced) or (error is not None and error.code() in _FENCING_CODES)
         if fenced:
             self.stats.fenced += 1
-        partitions = self.drop()  # the writer makes the redo careful if a record was refused for good
+        partitions = self._drop()  # the writer makes the redo careful if a record was refused for good
         log.warning(
             "%s: transaction aborted (%s); rewinding its partitions%s",
             self.label,
@@ -570,7 +575,7 @@ class ExactlyOnceCommitter(Committer):
         """The producer's call may never return: never touch it again; the loop reopens."""
         self._ending = None
         self.producer_unusable = True
-        self.drop()
+        self._drop()
         self.failure = TransactionStuck(
             f"{why}; reopening: a new producer fences this one and aborts its transaction, and the partitions are "
             "fetched again from their commits"

@@ -400,7 +400,7 @@ class HopLoop(Service):
     def _close(self, *, clean: bool) -> None:
         consumer, producer, committer = self._consumer, self._producer, self._committer
         if not clean and committer is not None:
-            committer.discard()  # after a failure nothing in flight is committed
+            committer.close()  # after a failure nothing in flight is committed
         # a producer whose call may never return is left alone (its successor fences it)
         producer_usable = committer is None or not committer.producer_unusable
         try:
@@ -411,7 +411,7 @@ class HopLoop(Service):
         except Exception:  # closing a broken client must not mask the original error
             log.warning("%s: error while closing the consumer", self.label, exc_info=True)
         if committer is not None:
-            committer.discard()
+            committer.close()
         self._consumer = self._producer = None
         self._intake = self._writer = self._committer = None
         self._session = None
