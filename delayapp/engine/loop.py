@@ -104,8 +104,20 @@ class HopLoop(Service):
         observer: Callable[[HopLoop, Step], None] | None = None,
         hops_observer: Callable[[HopLoop, int], None] | None = None,
         idempotent: bool = False,
+        commit_metadata_kept: bool = True,
+        before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None = None,
+        targets_settled: Callable[[set[str]], bool] | None = None,
+        on_target_failed: Callable[[str], None] | None = None,
         **kwargs: Any,
     ) -> None:
+        """Every collaborator is given here (nothing is wired by setting attributes afterwards):
+        ``before_decide`` (a coroutine, run on the worker's event loop) is given the target
+        topics a fetched batch names before it is decided, unless ``targets_settled`` (asked on
+        this loop's thread: no round trip) says there is nothing to do for them;
+        ``on_target_failed`` is told of a target a write to which failed in a way that may mean
+        it is gone; ``commit_metadata_kept`` is False where the broker drops offset-commit
+        metadata (probed at start: the count of what a loss makes others redo then includes
+        records released ahead)."""
         super().__init__(**kwargs)
         self.name = name
         # at_least_once: the producer is idempotent (the broker granted it at start), so a write
@@ -128,13 +140,9 @@ class HopLoop(Service):
         self.exactly_once = settings.processing_guarantee is Guarantee.EXACTLY_ONCE
         self.parts = AssignedPartitions(priority_topic=priority_topic, release_ahead=settings.release_ahead)
         self.running = asyncio.Event()
-        # called with the target topics a fetched batch names, before it is decided
-        # (a coroutine, run on the worker's event loop), unless targets_settled says there is
-        # nothing to do for them (asked on this loop's thread: no round trip)
-        self.before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None = None
-        self.targets_settled: Callable[[set[str]], bool] | None = None
-        # called with a target a write to which failed in a way that may mean it is gone
-        self.on_target_failed: Callable[[str], None] | None = None
+        self.before_decide = before_decide
+        self.targets_settled = targets_settled
+        self.on_target_failed = on_target_failed
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
         # built with the clients at each opening: the state of what they fetched and wrote
@@ -157,9 +165,9 @@ class HopLoop(Service):
         # the commit the broker holds for each partition (read at assignment, then each commit it
         # confirmed): where a next owner starts, so what was written beyond it is written again
         self._broker_commits: dict[PartitionKey, CommitPoint] = {}
-        # False where the broker drops offset-commit metadata (the embedded one; the worker probes
-        # it at start): records released ahead of a head are then written again by a next owner
-        self.commit_metadata_kept = True
+        # False where the broker drops offset-commit metadata (the embedded one): records
+        # released ahead of a head are then written again by a next owner
+        self.commit_metadata_kept = commit_metadata_kept
         self._broken: BaseException | None = None  # an error inside a librdkafka callback: the loop reopens
         self._session: object | None = None  # the clients opened last (see _open)
         self._joined = False  # True from an assignment to the next revocation: the group is not rebalancing

@@ -202,6 +202,11 @@ class DelayEngine(Service):
             observer=self.metrics.observe,
             hops_observer=self.metrics.observe_hops,
             idempotent=idempotent,
+            commit_metadata_kept=metadata_kept,  # its count of what a loss makes others redo
+            # every loop can deliver: each re-checks that targets exist (shared, cached list)
+            before_decide=self.known_topics.ensure if s.check_target_exists else None,
+            targets_settled=self.known_topics.settled,
+            on_target_failed=self.known_topics.forget,
             clock=self.clock,
             loop=self.loop,
             beacon=self.beacon,
@@ -231,11 +236,6 @@ class DelayEngine(Service):
                 log.warning("could not count the records in the retired delay topics yet (%s)", exc)
         tune_collector()
         for hop_loop in self.loops:
-            # every loop can deliver: each re-checks that targets exist (shared, cached list)
-            hop_loop.before_decide = self.known_topics.ensure if s.check_target_exists else None
-            hop_loop.targets_settled = self.known_topics.settled
-            hop_loop.on_target_failed = self.known_topics.forget
-            hop_loop.commit_metadata_kept = metadata_kept  # its count of what a loss makes others redo
             await self.add_runtime_dependency(hop_loop)
         log.info(
             "delay engine started: ladder %s, guarantee %s, topics %s%s",
