@@ -55,6 +55,7 @@ from mode import Service
 from delayapp.core.clock import GuardedClock
 from delayapp.core.partition import AssignedPartitions, PartitionKey
 from delayapp.core.uncommitted import CommitPoint, written_not_committed
+from delayapp.engine.capabilities import BrokerCapabilities
 from delayapp.engine.committer import (
     QUIET,
     AtLeastOnceCommitter,
@@ -103,8 +104,7 @@ class HopLoop(Service):
         clock: GuardedClock | None = None,
         observer: Callable[[HopLoop, Step], None] | None = None,
         hops_observer: Callable[[HopLoop, int], None] | None = None,
-        idempotent: bool = False,
-        commit_metadata_kept: bool = True,
+        broker: BrokerCapabilities | None = None,
         before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None = None,
         targets_settled: Callable[[set[str]], bool] | None = None,
         on_target_failed: Callable[[str], None] | None = None,
@@ -115,14 +115,12 @@ class HopLoop(Service):
         topics a fetched batch names before it is decided, unless ``targets_settled`` (asked on
         this loop's thread: no round trip) says there is nothing to do for them;
         ``on_target_failed`` is told of a target a write to which failed in a way that may mean
-        it is gone; ``commit_metadata_kept`` is False where the broker drops offset-commit
-        metadata (probed at start: the count of what a loss makes others redo then includes
-        records released ahead)."""
+        it is gone; ``broker`` is what the broker was found to support at start, and the
+        workarounds the loop applies where it falls short of Apache Kafka (default: Apache
+        Kafka's, with every workaround on)."""
         super().__init__(**kwargs)
         self.name = name
-        # at_least_once: the producer is idempotent (the broker granted it at start), so a write
-        # librdkafka retries after a lost acknowledgement is not written twice
-        self.idempotent = idempotent
+        self.broker = broker if broker is not None else BrokerCapabilities()
         self.topic = topic
         self.priority_topic = priority_topic
         self.max_wait_ms = max_wait_ms  # the topic's denomination: no record here waits longer
@@ -165,9 +163,6 @@ class HopLoop(Service):
         # the commit the broker holds for each partition (read at assignment, then each commit it
         # confirmed): where a next owner starts, so what was written beyond it is written again
         self._broker_commits: dict[PartitionKey, CommitPoint] = {}
-        # False where the broker drops offset-commit metadata (the embedded one): records
-        # released ahead of a head are then written again by a next owner
-        self.commit_metadata_kept = commit_metadata_kept
         self._broken: BaseException | None = None  # an error inside a librdkafka callback: the loop reopens
         self._session: object | None = None  # the clients opened last (see _open)
         self._joined = False  # True from an assignment to the next revocation: the group is not rebalancing
@@ -300,7 +295,7 @@ class HopLoop(Service):
             "delivery.report.only.error": True,
             "on_delivery": partial(self._delivery_failed, session),
         }
-        if self.idempotent and not self.exactly_once:
+        if self.broker.idempotent and not self.exactly_once:
             producer_config["enable.idempotence"] = True
         if self.exactly_once:
             producer_config.update(
@@ -373,7 +368,7 @@ class HopLoop(Service):
             clock=self.clock,
             ingress=self.ingress,
             max_wait_ms=self.max_wait_ms,
-            before_decide=self._ensure_targets if self.before_decide is not None else None,
+            before_decide=_on_event_loop(self._aio, self.before_decide, self.targets_settled),
         )
         writer = self._writer = Writer(
             label=self.label,
@@ -390,7 +385,7 @@ class HopLoop(Service):
             publish_now=self.exactly_once,
             observer=partial(observer, self) if observer is not None else None,
             hops_observer=partial(hops_observer, self) if hops_observer is not None else None,
-            target_failed=self._target_failed,
+            target_failed=_told_on_event_loop(self._aio, self.on_target_failed),
         )
         committer_kind = ExactlyOnceCommitter if self.exactly_once else AtLeastOnceCommitter
         self._committer = committer_kind(
@@ -413,7 +408,8 @@ class HopLoop(Service):
         producer_usable = committer is None or not committer.producer_unusable
         try:
             if consumer is not None:
-                self._finish_joining(consumer)
+                if self.broker.settle_before_leaving:
+                    self._finish_joining(consumer)
                 # closing revokes the assignment: after a clean run _on_revoke commits what was written
                 consumer.close()
         except Exception:  # closing a broken client must not mask the original error
@@ -433,11 +429,12 @@ class HopLoop(Service):
         """Before leaving the group, be a settled member: joined, and still joined after a
         heartbeat and a half (at most a session timeout in all).
 
-        The embedded broker (Tansu 0.6) keeps the leader id of a member that leaves while the
-        group rebalances, and waits for ever for that leader's assignment: every other member
-        then stays without partitions (broker-notes; found by the chaos test). A member learns
-        of a rebalance from its next heartbeat, so it leaves only after one has passed without
-        news. What is fetched meanwhile is dropped uncommitted (the next owner reads it again)."""
+        A workaround (:attr:`BrokerCapabilities.settle_before_leaving`): the embedded broker
+        (Tansu 0.6) keeps the leader id of a member that leaves while the group rebalances, and
+        waits for ever for that leader's assignment: every other member then stays without
+        partitions (broker-notes; found by the chaos test). A member learns of a rebalance from
+        its next heartbeat, so it leaves only after one has passed without news. What is fetched
+        meanwhile is dropped uncommitted (the next owner reads it again)."""
         started = time.monotonic()
         deadline = started + self.settings.session_timeout_ms / 1000
         settled_after_s = 1.5 * self.settings.heartbeat_interval_ms / 1000
@@ -652,18 +649,6 @@ class HopLoop(Service):
                 key[0],
             )
 
-    def _ensure_targets(self, names: set[str]) -> None:
-        """Run ``before_decide`` on the worker's event loop with the target topics a fetched batch names."""
-        if self.targets_settled is not None and self.targets_settled(names):
-            return
-        if self.before_decide is not None and self._aio is not None:
-            asyncio.run_coroutine_threadsafe(self.before_decide(names), self._aio).result(timeout=60)
-
-    def _target_failed(self, topic: str) -> None:
-        """A write to ``topic`` failed in a way that may mean it is gone: the worker checks again."""
-        if self.on_target_failed is not None and self._aio is not None:
-            self._aio.call_soon_threadsafe(self.on_target_failed, topic)
-
     def _delivery_failed(self, session: object, error: KafkaError | None, message: Message | None) -> None:
         """The producer's report of a failed write, for the writer of the clients that wrote it."""
         if self._writer is not None and session is self._session:
@@ -742,7 +727,7 @@ class HopLoop(Service):
                 written_not_committed(
                     part,
                     commits.get(key, (part.committed, part.committed_metadata)),
-                    metadata_kept=self.commit_metadata_kept,
+                    metadata_kept=self.broker.commit_metadata_kept,
                 )
                 for key, part in self.parts.parts.items()
             )
@@ -760,9 +745,9 @@ class HopLoop(Service):
                     continue
                 if to_broker_commit:
                     commit = self._broker_commits.get(key, (part.committed, part.committed_metadata))
-                    written = written_not_committed(part, commit, metadata_kept=self.commit_metadata_kept)
+                    written = written_not_committed(part, commit, metadata_kept=self.broker.commit_metadata_kept)
                     count += written
-                    if not self.commit_metadata_kept:  # told apart: only the broker's dropped metadata re-sends these
+                    if not self.broker.commit_metadata_kept:  # told apart: only dropped metadata re-sends these
                         dropped_metadata += written - written_not_committed(part, commit, metadata_kept=True)
                 else:  # a rewind carries what the loop's own commit metadata says was released ahead
                     count += written_not_committed(part, (part.committed, part.committed_metadata))
@@ -778,6 +763,41 @@ class HopLoop(Service):
                 else "",
             )
         return count
+
+
+def _on_event_loop(
+    aio: asyncio.AbstractEventLoop | None,
+    before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None,
+    targets_settled: Callable[[set[str]], bool] | None,
+) -> Callable[[set[str]], None] | None:
+    """The intake's hook for the target topics a fetched batch names (None: there is none): runs
+    ``before_decide`` on the worker's event loop ``aio`` and waits for it, unless
+    ``targets_settled`` (asked on the loop's thread: no round trip) says there is nothing to do."""
+    if before_decide is None or aio is None:
+        return None
+    hook, event_loop = before_decide, aio
+
+    def ensure_targets(names: set[str]) -> None:
+        if targets_settled is not None and targets_settled(names):
+            return
+        asyncio.run_coroutine_threadsafe(hook(names), event_loop).result(timeout=60)
+
+    return ensure_targets
+
+
+def _told_on_event_loop(
+    aio: asyncio.AbstractEventLoop | None, on_target_failed: Callable[[str], None] | None
+) -> Callable[[str], None] | None:
+    """The writer's hook for a target a write to which failed in a way that may mean it is gone
+    (None: there is none): ``on_target_failed`` is told on the worker's event loop ``aio``."""
+    if on_target_failed is None or aio is None:
+        return None
+    told, event_loop = on_target_failed, aio
+
+    def target_failed(topic: str) -> None:
+        event_loop.call_soon_threadsafe(told, topic)
+
+    return target_failed
 
 
 def _positions(positions: Iterable[tuple[str, int, int | None]]) -> str:

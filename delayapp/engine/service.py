@@ -35,6 +35,7 @@ from delayapp.engine.bootstrap import (
     probe_transactions,
 )
 from delayapp.engine.cancel_registry import DAY_MS, CancelRegistry
+from delayapp.engine.capabilities import BrokerCapabilities
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.known_topics import KnownTopics
 from delayapp.engine.lag import LagSampler
@@ -201,8 +202,7 @@ class DelayEngine(Service):
             states_topic=states,
             observer=self.metrics.observe,
             hops_observer=self.metrics.observe_hops,
-            idempotent=idempotent,
-            commit_metadata_kept=metadata_kept,  # its count of what a loss makes others redo
+            broker=BrokerCapabilities(idempotent=idempotent, commit_metadata_kept=metadata_kept),
             # every loop can deliver: each re-checks that targets exist (shared, cached list)
             before_decide=self.known_topics.ensure if s.check_target_exists else None,
             targets_settled=self.known_topics.settled,
