@@ -259,9 +259,16 @@ class Committer:
     def _drop(self) -> set[PartitionKey]:
         """Forget every write in flight and every step not yet published (the writer is told:
         :meth:`Writer.drop_writes`); their partitions, to be redone from their commits."""
+        partitions = self._take_batches()
+        with self.state_lock:
+            fetched_to = self.parts.fetched_to(partitions)
+        self.writer.drop_writes(fetched_to)
+        return partitions
+
+    def _take_batches(self) -> set[PartitionKey]:
+        """Forget the batches in flight; the partitions they touch."""
         partitions: set[PartitionKey] = set().union(*(b.partitions for b in self.in_flight))
         self._clear_batches()
-        self.writer.drop_writes(partitions)
         return partitions
 
     def _committed_to(self, offsets: Offsets) -> None:
@@ -332,10 +339,10 @@ class AtLeastOnceCommitter(Committer):
             done.update(self._acknowledged())
         return Outcome(confirmed=self._commit(done, wait=True))
 
-    def _drop(self) -> set[PartitionKey]:
+    def _take_batches(self) -> set[PartitionKey]:
         partitions = set().union(*(b.partitions for b in self.audited))
         self.audited.clear()
-        return partitions | super()._drop()
+        return partitions | super()._take_batches()
 
     def _acknowledged(self) -> Offsets:
         """At a point where every write in flight is acknowledged: publish the steps of the

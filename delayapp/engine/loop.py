@@ -374,8 +374,6 @@ class HopLoop(Service):
             label=self.label,
             producer=producer,
             handler=self.handler,
-            parts=self.parts,
-            state_lock=self._state_lock,
             stats=self.stats,
             clock=self.clock,
             audit_topic=self.audit_topic,

@@ -33,7 +33,7 @@ from delayapp.core.admission import LeanAdmitted
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_record_values, published
 from delayapp.core.clock import GuardedClock, now_ms
 from delayapp.core.hop import LeanDelivery, LeanHeaders, LeanHop
-from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending
+from delayapp.core.partition import PartitionKey, Pending
 from delayapp.core.policies import DeadLetter, Reason
 from delayapp.engine.handler import Handler, LeanOutput, Output, OutputHeaders
 from delayapp.engine.intake import as_record
@@ -99,8 +99,6 @@ class Writer:
         label: str,
         producer: Producer,
         handler: Handler,
-        parts: AssignedPartitions,
-        state_lock: threading.Lock,
         stats: LoopStats,
         clock: GuardedClock,
         audit_topic: str | None,
@@ -115,8 +113,6 @@ class Writer:
         self.label = label
         self.producer = producer
         self.handler = handler
-        self.parts = parts
-        self.state_lock = state_lock
         self.stats = stats
         self.clock = clock
         self.audit_topic = audit_topic
@@ -280,24 +276,21 @@ class Writer:
         """The writes librdkafka holds that are not acknowledged yet."""
         return len(self.producer)
 
-    def drop_writes(self, partitions: set[PartitionKey]) -> None:
-        """The writes in flight, of ``partitions``, are dropped and will be redone from their
-        partitions' commits: forget their steps not yet published (redone with them) and the
-        error they met; when it refused a record for good, the redo of ``partitions`` is careful
-        until committed past where they stood, so that the refused record is found and
-        dead-lettered."""
+    def drop_writes(self, fetched_to: dict[PartitionKey, int]) -> None:
+        """The writes in flight are dropped and will be redone from their partitions' commits
+        (``fetched_to``: each of those partitions, with the offset after the last record fetched
+        there): forget their steps not yet published (redone with them) and the error they met;
+        when it refused a record for good, the redo of those partitions is careful until
+        committed past where they stood, so that the refused record is found and dead-lettered."""
         self.unpublished.clear()
         self.unwritten.clear()
         self._audit_lines.clear()
         error, self._send_error = self._send_error, None
-        if error is None or not refused_for_good(error) or not partitions:
+        if error is None or not refused_for_good(error):
             return
-        with self.state_lock:
-            for key in partitions:
-                part = self.parts.parts.get(key)
-                if part is not None:
-                    reached = part.queue[-1].offset + 1 if part.queue else part.next_offset or 0
-                    self.careful_until[key] = max(self.careful_until.get(key, 0), reached)
+        careful_until = self.careful_until
+        for key, reached in fetched_to.items():
+            careful_until[key] = max(careful_until.get(key, 0), reached)
 
     def _write_failed(
         self,

@@ -39,8 +39,6 @@ def make_committer() -> Iterator[Callable[[int], AtLeastOnceCommitter]]:
             label="cmt",
             producer=producer,
             handler=handler,
-            parts=parts,
-            state_lock=lock,
             stats=stats,
             clock=clock,
             audit_topic=layout.audit,

@@ -3,14 +3,12 @@ the writes in flight are dropped (no broker: the client refuses the write before
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import KafkaError, Producer
 
 from delayapp.core.clock import GuardedClock
-from delayapp.core.partition import AssignedPartitions
 from delayapp.core.planner import Planner
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.service import build_policy
@@ -28,14 +26,10 @@ def writer() -> Iterator[Writer]:
     layout = settings.topic_layout()
     handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
     producer = Producer({"bootstrap.servers": NOWHERE, "log_level": 0, "message.max.bytes": 1_000})
-    parts = AssignedPartitions()
-    parts.adopt(("wrt.delay.1s", 0), 5, None, now_s=0.0)
     yield Writer(
         label="wrt",
         producer=producer,
         handler=handler,
-        parts=parts,
-        state_lock=threading.Lock(),
         stats=LoopStats(),
         clock=GuardedClock(),
         audit_topic=None,
@@ -55,7 +49,7 @@ def test_a_failed_write_is_raised_at_every_poll_and_flush_until_the_writes_are_d
         assert failed.value.error.code() == KafkaError.MSG_SIZE_TOO_LARGE
         with pytest.raises(WriteFailed):
             writer.flush(0)
-    writer.drop_writes({("wrt.delay.1s", 0)})
+    writer.drop_writes({("wrt.delay.1s", 0): 5})  # dropped; their partition was fetched up to offset 5
     writer.poll(0)
     assert writer.flush(0) == 0
     # refused for good: the redo of the dropped partitions names each record, to find the one refused
@@ -66,6 +60,6 @@ def test_a_retriable_failure_does_not_make_the_redo_careful(writer: Writer) -> N
     writer.delivery_failed(KafkaError(KafkaError._MSG_TIMED_OUT), None)
     with pytest.raises(WriteFailed):
         writer.poll(0)
-    writer.drop_writes({("wrt.delay.1s", 0)})
+    writer.drop_writes({("wrt.delay.1s", 0): 5})
     writer.poll(0)
     assert not writer.careful
