@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -74,7 +74,7 @@ from delayapp.engine.step import Steps
 from delayapp.engine.writer import DECIDING, Step, Writer, refused_for_good
 from delayapp.settings import Guarantee, Settings
 
-__all__ = ["EmitTimeout", "FetchedRecord", "HopLoop", "LoopStalled", "LoopStats", "refused_for_good"]
+__all__ = ["EmitTimeout", "FetchedRecord", "HopLoop", "LoopStalled", "LoopStats", "RouterLoop", "refused_for_good"]
 
 log = logging.getLogger(__name__)
 librdkafka_log = logging.getLogger("delayapp.librdkafka")
@@ -86,7 +86,13 @@ INIT_TRANSACTIONS_SLICE_S = 1.0  # exactly_once: one call of init_transactions w
 
 
 class HopLoop(Service):
-    """Moves the records of one topic: wait, hop, deliver or dead-letter, then commit."""
+    """Moves the records of one delay topic: wait, hop, deliver or dead-letter, then commit.
+    The router's loop is a kind of its own (:class:`RouterLoop`)."""
+
+    #: the kind of loop: False for a delay topic's (records wait for their ``awakeAt``), True for
+    #: the router's (:class:`RouterLoop`: records admitted as they enter); set by the class,
+    #: never passed in
+    ingress: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -98,7 +104,6 @@ class HopLoop(Service):
         settings: Settings,
         audit_topic: str | None,
         states_topic: str | None = None,
-        ingress: bool = False,
         priority_topic: str | None = None,
         max_wait_ms: int = 0,
         clock: GuardedClock | None = None,
@@ -132,7 +137,6 @@ class HopLoop(Service):
         self.audit_topic = audit_topic
         # record-states: each audit event again, compacted by record id (the read model)
         self.states_topic = states_topic
-        self.ingress = ingress
         self.clock = clock if clock is not None else GuardedClock()
         self.stats = LoopStats()
         self.exactly_once = settings.processing_guarantee is Guarantee.EXACTLY_ONCE
@@ -150,7 +154,7 @@ class HopLoop(Service):
         self._state_lock = threading.Lock()  # the loop's partitions, against readers on the event loop
         # a delay topic's records are fetched from read_ahead (beyond the smallest denomination)
         # before they wake, not as far as the read-ahead's bytes allow (PartitionState.should_pause)
-        self._horizon_ms = None if ingress else settings.read_ahead_horizon_ms
+        self._horizon_ms = None if self.ingress else settings.read_ahead_horizon_ms
         self._liveness = LivenessCheck(
             label=name,
             parts=self.parts,
@@ -761,6 +765,14 @@ class HopLoop(Service):
                 else "",
             )
         return count
+
+
+class RouterLoop(HopLoop):
+    """The router's loop (and the compat sources'): admits the records entering through the
+    ingress topic, whose ``awakeAt`` is a producer's and never waited for, and routes each to its
+    first delay topic or its target."""
+
+    ingress = True
 
 
 def _on_event_loop(

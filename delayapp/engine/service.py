@@ -39,7 +39,7 @@ from delayapp.engine.capabilities import BrokerCapabilities
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.known_topics import KnownTopics
 from delayapp.engine.lag import LagSampler
-from delayapp.engine.loop import HopLoop
+from delayapp.engine.loop import HopLoop, RouterLoop
 from delayapp.engine.metrics import EngineMetrics
 from delayapp.engine.retired import RetiredDrain, retired_loops
 from delayapp.engine.stats import engine_figures
@@ -211,9 +211,7 @@ class DelayEngine(Service):
             loop=self.loop,
             beacon=self.beacon,
         )
-        router = HopLoop(
-            name="router", topic=self.layout.ingress, group_id=f"{s.app_id}.router", ingress=True, **common
-        )
+        router = RouterLoop(name="router", topic=self.layout.ingress, group_id=f"{s.app_id}.router", **common)
         self.loops = [router] + [
             HopLoop(
                 name=f"delay-{self.settings.ladder.label(d)}",
