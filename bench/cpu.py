@@ -97,14 +97,11 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
         clock=clock,
         ingress=ingress,
         max_wait_ms=denomination,
-        fetch_error=lambda message, error: None,
     )
     writer = Writer(
         label="cpu",
         producer=producer,
         handler=handler,
-        parts=parts,
-        state_lock=lock,
         stats=stats,
         clock=clock,
         audit_topic=layout.audit,

@@ -9,7 +9,7 @@ from delayapp.compat.translating_handler import cesium_handler, envelope_handler
 from delayapp.core.layout import TopicLayout
 from delayapp.core.policies import Reason
 from delayapp.engine.handler import RecordHandler
-from delayapp.engine.loop import HopLoop
+from delayapp.engine.loop import HopLoop, RouterLoop
 from delayapp.errors import ConfigError
 from delayapp.settings import Settings
 
@@ -36,13 +36,12 @@ def compat_loops(layout: TopicLayout, *, handler: RecordHandler, settings: Setti
     loops: list[HopLoop] = []
     if s.compat_envelope:
         loops.append(
-            HopLoop(
+            RouterLoop(
                 name="compat-envelope",
                 topic=layout.compat_envelope,
                 group_id=f"{s.app_id}.compat-envelope",
                 handler=envelope_handler(handler),
                 settings=s,
-                ingress=True,
                 **common,
             )
         )
@@ -50,13 +49,12 @@ def compat_loops(layout: TopicLayout, *, handler: RecordHandler, settings: Setti
     if s.cesium_source is not None:
         source, destination = _check_cesium(s, handler)
         loops.append(
-            HopLoop(
+            RouterLoop(
                 name="cesium",
                 topic=source,
                 group_id=f"{s.app_id}.cesium",
                 handler=cesium_handler(handler, destination),
                 settings=s,
-                ingress=True,
                 **common,
             )
         )

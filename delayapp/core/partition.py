@@ -544,6 +544,16 @@ class AssignedPartitions:
 
     # -- fetching --------------------------------------------------------------------------------
 
+    def fetched_to(self, keys: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+        """For each served partition of ``keys``: the offset after the last record fetched (where
+        a redo from its commit has caught up with what was fetched before it)."""
+        reached: dict[PartitionKey, int] = {}
+        for key in keys:
+            part = self.parts.get(key)
+            if part is not None:
+                reached[key] = part.queue[-1].offset + 1 if part.queue else part.next_offset or 0
+        return reached
+
     def wanted_pauses(
         self, now: int, *, max_records: int, max_bytes: int, horizon_ms: int | None = None, min_records: int = 0
     ) -> set[PartitionKey]:

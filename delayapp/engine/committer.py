@@ -21,6 +21,10 @@ One interface, two implementations, as Kafka Streams' ``TaskManager`` commits th
   clients, and the new producer, with the same transactional id, fences the old one and aborts
   its transaction.
 
+A committer never calls back into the loop: each of its calls returns an :class:`Outcome`
+(the commits the broker confirmed, the partitions to fetch again, a pause), which the loop acts
+on, or raises what makes the loop reopen.
+
 A committer lives as long as the loop's clients: the loop builds one each time it opens them.
 """
 
@@ -31,7 +35,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -42,7 +46,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from delayapp.core.clock import GuardedClock
 from delayapp.core.partition import AssignedPartitions, PartitionKey
 from delayapp.engine.stats import LoopStats
-from delayapp.engine.writer import Writer
+from delayapp.engine.writer import WriteFailed, Writer
 from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -93,6 +97,21 @@ class TransactionStuck(Exception):
     loop reopens its clients: the new producer fences this one and aborts its transaction."""
 
     retriable = True
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a committer's call did that the loop acts on, in this order: 1. commits the broker
+    confirmed (what a loss would make others redo shrinks); 2. partitions whose writes were
+    dropped, fetched again from their commits; 3. a pause before fetching again (seconds)."""
+
+    confirmed: Mapping[PartitionKey, tuple[int, str]] = field(default_factory=dict)
+    rewind: Collection[PartitionKey] = frozenset()
+    pause_s: float = 0.0
+
+
+QUIET = Outcome()
+"""Nothing for the loop to do (returned as is: the loop tests ``is QUIET``, nothing is allocated)."""
 
 
 @dataclass(eq=False)
@@ -175,9 +194,6 @@ class Committer:
         stats: LoopStats,
         settings: Settings,
         clock: GuardedClock,
-        rewind: Callable[[set[PartitionKey]], None],
-        pause: Callable[[float], object],
-        confirmed: Callable[[Offsets], None] | None = None,
     ) -> None:
         self.label = label
         self.producer = producer
@@ -188,9 +204,6 @@ class Committer:
         self.stats = stats
         self.settings = settings
         self.clock = clock
-        self.rewind = rewind  # fetch these partitions again from their commits
-        self.pause = pause  # wait this many seconds, or less if the loop stops meanwhile
-        self.confirmed = confirmed  # told of commits the broker acknowledged (the loop's count of what a loss redoes)
         self.in_flight: deque[Batch] = deque()
         self.in_flight_records = 0  # the records of the batches in flight
         self.max_in_flight_records = MAX_IN_FLIGHT_BATCHES * settings.max_batch
@@ -200,10 +213,10 @@ class Committer:
         while writes await their acknowledgements, which are served between fetches."""
         return ACK_POLL_MS if self.in_flight else idle_ms
 
-    def make_room(self) -> bool:
-        """Before a fetch: True when too much was in flight and the loop served acknowledgements
-        instead (it fetches on its next pass); False to fetch now."""
-        return False
+    def make_room(self) -> Outcome | None:
+        """Before a fetch: None to fetch now; else too much was in flight and the loop served
+        acknowledgements instead (it acts on the outcome and fetches on its next pass)."""
+        return None
 
     def begin(self, offsets: Offsets, partitions: set[PartitionKey], records: int) -> None:
         """A decided batch of ``records`` with commit points ``offsets``, touching ``partitions``,
@@ -216,43 +229,46 @@ class Committer:
         """True when as many records are in flight as the loop lets be (:data:`MAX_IN_FLIGHT_BATCHES`)."""
         return self.in_flight_records >= self.max_in_flight_records
 
-    def clear_in_flight(self) -> None:
-        """Forget the batches in flight (acknowledged, committed or dropped)."""
+    def _clear_batches(self) -> None:
+        """The batches in flight are done with (acknowledged, committed, or dropped by :meth:`_drop`)."""
         self.in_flight.clear()
         self.in_flight_records = 0
 
-    def after_pass(self, *, idle: bool) -> None:
+    def after_pass(self, *, idle: bool) -> Outcome:
         """After each pass of the loop (``idle``: it decided nothing): acknowledge and commit what may be."""
         raise NotImplementedError
 
-    def finish(self) -> None:
+    def finish(self) -> Outcome:
         """Settle everything in flight now and commit it (before a rebalance or a stop)."""
         raise NotImplementedError
 
+    # One verb per way of forgetting work: the partitions leave (abandon), the clients close
+    # (close), the writes in flight failed and are redone (_drop, which the other two share).
+
     def abandon(self) -> None:
-        """Drop what is in flight without committing it (the new owners redo it)."""
-        self.drop()
-        self.writer.write_error = None
+        """The partitions leave (lost, or a revocation that could not commit): drop what is in
+        flight without committing it (the new owners redo it); an open transaction is aborted."""
+        self._drop()
 
-    def discard(self) -> None:
-        """After a failure: forget what is in flight, with no word to the broker (an open
-        transaction is aborted by the broker when the next producer with its id starts)."""
-        self.drop()
-        self.writer.write_error = None
+    def close(self) -> None:
+        """The clients close (after a failure, or at a stop once the revocation committed): forget
+        what is in flight with no word to the broker (an open transaction is aborted by the
+        broker when the next producer with its id starts)."""
+        self._drop()
 
-    def drop(self) -> set[PartitionKey]:
-        """Forget every write in flight and every step not yet published; their partitions."""
-        partitions: set[PartitionKey] = set().union(*(b.partitions for b in self.in_flight))
-        self.clear_in_flight()
-        self.writer.drop_unpublished()
+    def _drop(self) -> set[PartitionKey]:
+        """Forget every write in flight and every step not yet published (the writer is told:
+        :meth:`Writer.drop_writes`); their partitions, to be redone from their commits."""
+        partitions = self._take_batches()
+        with self.state_lock:
+            fetched_to = self.parts.fetched_to(partitions)
+        self.writer.drop_writes(fetched_to)
         return partitions
 
-    def _redo(self, error: KafkaError | None) -> set[PartitionKey]:
-        """Drop the batches in flight and return their partitions, whose redo is careful when
-        ``error`` refused a record for good."""
-        partitions = self.drop()
-        if error is not None:
-            self.writer.redo_carefully(error, partitions)
+    def _take_batches(self) -> set[PartitionKey]:
+        """Forget the batches in flight; the partitions they touch."""
+        partitions: set[PartitionKey] = set().union(*(b.partitions for b in self.in_flight))
+        self._clear_batches()
         return partitions
 
     def _committed_to(self, offsets: Offsets) -> None:
@@ -272,16 +288,15 @@ class AtLeastOnceCommitter(Committer):
     def poll_limit_ms(self, idle_ms: int) -> int:
         return ACK_POLL_MS if self.in_flight or self.audited else idle_ms
 
-    def make_room(self) -> bool:
+    def make_room(self) -> Outcome | None:
         if not self.full:
-            return False
-        self.settle(wait_s=ACK_POLL_MS / 1000)
-        return True
+            return None
+        return self.settle(wait_s=ACK_POLL_MS / 1000)
 
-    def after_pass(self, *, idle: bool) -> None:
-        self.settle(wait_s=0)
+    def after_pass(self, *, idle: bool) -> Outcome:
+        return self.settle(wait_s=0)
 
-    def settle(self, *, wait_s: float) -> None:
+    def settle(self, *, wait_s: float) -> Outcome:
         """Serve librdkafka's reports; at a point where every write in flight is acknowledged
         (the producer's queue is empty), publish the steps of the batches written so far and
         commit the batches whose steps were published at the point before; a failed write
@@ -290,44 +305,44 @@ class AtLeastOnceCommitter(Committer):
         While records keep arriving the queue need not empty by itself: once the oldest batch
         in flight is ``DRAIN_AFTER_MS`` old (or too many are in flight), the loop waits for the
         queue to drain, so acknowledging costs one round trip per drain, not per batch."""
-        producer = self.producer
-        producer.poll(wait_s)
-        if self.writer.write_error is not None:
-            self._fail()
-            return
-        oldest = self.audited[0] if self.audited else self.in_flight[0] if self.in_flight else None
-        if oldest is None:
-            return
-        oldest_s = time.monotonic() - oldest.started_s
-        left_s = self.settings.emit_timeout / 1000 - oldest_s
-        if left_s <= 0 or (
-            len(producer) and (oldest_s * 1000 >= DRAIN_AFTER_MS or self.full) and producer.flush(left_s) > 0
-        ):
-            raise EmitTimeout(f"writing a batch and committing took over {self.settings.emit_timeout} ms")
-        if len(producer):
-            return  # not drained yet, and not due to be
-        if self.writer.write_error is not None:  # reported while draining
-            self._fail()
-            return
+        writer = self.writer
+        try:
+            writer.poll(wait_s)
+            oldest = self.audited[0] if self.audited else self.in_flight[0] if self.in_flight else None
+            if oldest is None:
+                return QUIET
+            oldest_s = time.monotonic() - oldest.started_s
+            left_s = self.settings.emit_timeout / 1000 - oldest_s
+            if left_s <= 0 or (
+                writer.queued and (oldest_s * 1000 >= DRAIN_AFTER_MS or self.full) and writer.flush(left_s) > 0
+            ):
+                raise EmitTimeout(f"writing a batch and committing took over {self.settings.emit_timeout} ms")
+            if writer.queued:
+                return QUIET  # not drained yet, and not due to be
+        except WriteFailed as failed:
+            return self._fail(failed)
         self._commit(self._acknowledged())
+        return QUIET  # acknowledged in the consumer's commit callback
 
-    def finish(self) -> None:
+    def finish(self) -> Outcome:
         # 1. every write acknowledged; 2. the steps of those writes published and acknowledged;
         # 3. then the commit. A failure anywhere leaves it to the next owner to redo.
         done: Offsets = {}
         for _ in range(2):
-            self.producer.flush(self.settings.emit_timeout / 1000)
-            if self.writer.write_error is not None or len(self.producer):
-                self.writer.write_error = None
-                self.drop()
-                return
+            try:
+                left = self.writer.flush(self.settings.emit_timeout / 1000)
+            except WriteFailed:
+                left = -1
+            if left:
+                self._drop()
+                return QUIET
             done.update(self._acknowledged())
-        self._commit(done, wait=True)
+        return Outcome(confirmed=self._commit(done, wait=True))
 
-    def drop(self) -> set[PartitionKey]:
+    def _take_batches(self) -> set[PartitionKey]:
         partitions = set().union(*(b.partitions for b in self.audited))
         self.audited.clear()
-        return partitions | super().drop()
+        return partitions | super()._take_batches()
 
     def _acknowledged(self) -> Offsets:
         """At a point where every write in flight is acknowledged: publish the steps of the
@@ -343,36 +358,34 @@ class AtLeastOnceCommitter(Committer):
         else:
             for batch in self.in_flight:
                 done.update(batch.offsets)
-        self.clear_in_flight()
+        self._clear_batches()
         return done
 
-    def _commit(self, offsets: Offsets, *, wait: bool = False) -> None:
-        """Commit ``offsets`` (with their released-ahead metadata)."""
+    def _commit(self, offsets: Offsets, *, wait: bool = False) -> Offsets:
+        """Commit ``offsets`` (with their released-ahead metadata); those the broker confirmed
+        (``wait``: all of them; else none yet, the consumer's commit callback tells)."""
         with self.state_lock:
             offsets = {key: point for key, point in offsets.items() if key in self.parts.parts}
         if not offsets:
-            return
+            return {}
         points = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
         if wait:
             self.consumer.commit(offsets=points, asynchronous=False)
-            if self.confirmed is not None:
-                self.confirmed(offsets)
         else:  # acknowledged in the consumer's commit callback
             self.consumer.commit(offsets=points, asynchronous=True)
         self._committed_to(offsets)
+        return offsets if wait else {}
 
-    def _fail(self) -> None:
+    def _fail(self, failed: WriteFailed) -> Outcome:
         """A write failed: let everything in flight finish, then fetch every partition in flight
         again from its commit (what was written is written again)."""
-        self.producer.flush(self.settings.emit_timeout / 1000)
-        error, self.writer.write_error = self.writer.write_error, None
-        assert error is not None
-        partitions = self._redo(error)
+        self.producer.flush(self.settings.emit_timeout / 1000)  # whatever they meet: they are dropped
+        error = failed.error
+        partitions = self._drop()
         if error.fatal():
             raise KafkaException(error)
         log.warning("%s: writing a batch failed (%s); rewinding its partitions", self.label, error)
-        self.rewind(partitions)
-        self.pause(FAILED_WRITE_PAUSE_S)
+        return Outcome(rewind=partitions, pause_s=FAILED_WRITE_PAUSE_S)
 
 
 class ExactlyOnceCommitter(Committer):
@@ -402,30 +415,34 @@ class ExactlyOnceCommitter(Committer):
             self.txn_open_since = time.monotonic()
         super().begin(offsets, partitions, records)
 
-    def after_pass(self, *, idle: bool) -> None:
+    def after_pass(self, *, idle: bool) -> Outcome:
         """Settle the transaction's end under way; else commit the open transaction when the
         loop is idle, or when it has been open ``commit_interval``, or holds as many records as
         the loop lets be in flight."""
         if self._ending is not None:
-            self._settle(TXN_WAIT_S)
-            return
+            return self._settle(TXN_WAIT_S)
         if self.txn_open_since is None:
-            return
+            return QUIET
         self.producer.poll(0)
         with self.state_lock:
             ready = self.parts.ready(self.clock())
         open_s = time.monotonic() - self.txn_open_since
         if (idle and not ready) or open_s * 1000 >= self.settings.commit_interval or self.full:
             self._start_commit()
-            self._settle(TXN_WAIT_S)
+            return self._settle(TXN_WAIT_S)
+        return QUIET
 
-    def finish(self) -> None:
+    def finish(self) -> Outcome:
         # 1. the end under way, if any, completes or is given up (TransactionStuck);
-        # 2. the open transaction, if any, is committed (or aborted and rewound) the same way
+        # 2. the open transaction, if any, is committed (or aborted: its partitions rewound) the same way
         if self._ending is None and self.txn_open_since is not None:
             self._start_commit()
+        outcome = QUIET
         while self._ending is not None:
-            self._settle(TXN_WAIT_S)
+            settled = self._settle(TXN_WAIT_S)
+            if settled is not QUIET:  # a commit confirmed, or an abort done (after a failed commit)
+                outcome = settled
+        return outcome
 
     def abandon(self) -> None:
         ending = self._ending
@@ -447,18 +464,18 @@ class ExactlyOnceCommitter(Committer):
             if error is not None and error.fatal():
                 self.failure = exc
 
-    def discard(self) -> None:
+    def close(self) -> None:
         if self._ending is not None and not self._ending.future.done():
             self.producer_unusable = True  # its call is under way: the new producer fences it
-        super().discard()
+        super().close()
         self._ender.close()
 
-    def drop(self) -> set[PartitionKey]:
+    def _drop(self) -> set[PartitionKey]:
         # after a failure nothing in flight is committed; an open transaction is aborted by the
         # broker when the next producer with this transactional id starts
         self.txn_open_since = None
         self._ending = None
-        return super().drop()
+        return super()._drop()
 
     def _start_commit(self) -> None:
         """Hand the open transaction's commit to the ender: its writes flushed, then its offsets
@@ -477,11 +494,10 @@ class ExactlyOnceCommitter(Committer):
         points = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
 
         def commit() -> None:
-            # 1. every write acknowledged (audit events are written with their records)
-            if producer.flush(timeout_s) > 0:
+            # 1. every write acknowledged (audit events are written with their records); a
+            #    failed one raises WriteFailed (a KafkaException: the transaction aborts)
+            if writer.flush(timeout_s) > 0:
                 raise EmitTimeout(f"writing a transaction's records took over {timeout_s * 1000:.0f} ms")
-            if writer.write_error is not None:
-                raise KafkaException(writer.write_error)
             # 2. the member that opened it is still the group's member
             if fenced is not None:
                 raise Fenced(f"member {fenced[0]!r} is not the group's member any more ({fenced[1]!r})")
@@ -492,8 +508,8 @@ class ExactlyOnceCommitter(Committer):
 
         self._ending = _Ending(commit=True, future=self._ender.submit(commit), offsets=offsets)
 
-    def _settle(self, wait_s: float) -> None:
-        """Wait up to ``wait_s`` for the end under way; act on its outcome once it has one."""
+    def _settle(self, wait_s: float) -> Outcome:
+        """Wait up to ``wait_s`` for the end under way; its outcome once it has one."""
         ending = self._ending
         assert ending is not None
         try:
@@ -513,24 +529,22 @@ class ExactlyOnceCommitter(Committer):
                     "committing" if ending.commit else "aborting",
                     waited,
                 )
-            return
+            return QUIET
         except Exception as exc:
             self._ending = None
             if ending.commit:
-                self._commit_failed(exc)
+                self._commit_failed(exc)  # the abort is under way: its outcome comes at a later settle
             else:
                 self._abort_failed(exc)
-            return
+            return QUIET
         self._ending = None
         if ending.logged:
             log.info("%s: the transaction's end completed after %.1f s", self.label, time.monotonic() - ending.since)
         if ending.commit:
-            self.clear_in_flight()
+            self._clear_batches()
             self._committed_to(ending.offsets)
-            if self.confirmed is not None:
-                self.confirmed(ending.offsets)
-        else:
-            self.rewind(ending.partitions)
+            return Outcome(confirmed=ending.offsets)
+        return Outcome(rewind=ending.partitions)
 
     def _commit_failed(self, exc: BaseException) -> None:
         """A commit that failed: a fatal error or one that timed out reopens the loop; anything
@@ -547,8 +561,7 @@ class ExactlyOnceCommitter(Committer):
         fenced = isinstance(exc, Fenced) or (error is not None and error.code() in _FENCING_CODES)
         if fenced:
             self.stats.fenced += 1
-        write_error, self.writer.write_error = self.writer.write_error, None
-        partitions = self._redo(write_error)
+        partitions = self._drop()  # the writer makes the redo careful if a record was refused for good
         log.warning(
             "%s: transaction aborted (%s); rewinding its partitions%s",
             self.label,
@@ -569,7 +582,7 @@ class ExactlyOnceCommitter(Committer):
         """The producer's call may never return: never touch it again; the loop reopens."""
         self._ending = None
         self.producer_unusable = True
-        self.drop()
+        self._drop()
         self.failure = TransactionStuck(
             f"{why}; reopening: a new producer fences this one and aborts its transaction, and the partitions are "
             "fetched again from their commits"

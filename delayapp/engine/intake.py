@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import cast
 
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, Message
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, KafkaException, Message
 
 from delayapp.core.clock import GuardedClock, monotonic_ms
 from delayapp.core.headers import AWAKE_AT, REACTIVATE_TO_TOPIC, Headers, plain
@@ -62,9 +62,10 @@ def as_record(entry: Pending) -> ConsumedRecord:
 class Intake:
     """Queues one loop's fetched records on its partitions (see the module).
 
-    ``fetch_error`` is told of an error librdkafka returned instead of a record;
-    ``before_decide`` (if any) is given the target topics a fetched batch names, before it is
-    decided (the worker checks they exist)."""
+    An error librdkafka returned instead of a record is logged, raised if fatal, and a committed
+    position the log no longer holds is handed back to the loop (:meth:`take` returns it): the
+    intake never calls back into the loop. ``before_decide`` (if any) is given the target topics
+    a fetched batch names, before it is decided (the worker checks they exist)."""
 
     def __init__(
         self,
@@ -77,7 +78,6 @@ class Intake:
         clock: GuardedClock,
         ingress: bool,
         max_wait_ms: int,
-        fetch_error: Callable[[Message, KafkaError], None],
         before_decide: Callable[[set[str]], None] | None = None,
     ) -> None:
         self.label = label
@@ -88,21 +88,26 @@ class Intake:
         self.clock = clock
         self.ingress = ingress
         self.max_wait_ms = max_wait_ms  # the topic's denomination: no record here waits longer
-        self.fetch_error = fetch_error
         self.before_decide = before_decide
 
-    def take(self, messages: list[Message]) -> None:
-        """Queue fetched records (an error instead of a record goes to ``fetch_error``)."""
+    def take(self, messages: list[Message]) -> list[PartitionKey] | None:
+        """Queue fetched records; the partitions whose committed position the log no longer
+        holds (librdkafka's offset-reset error: the loop sounds the alarm and reads them from
+        the start), None if there are none. A fatal error instead of a record is raised, another
+        one logged."""
         fetched_at = self.clock()
         by_partition: dict[PartitionKey, list[Pending]] = {}
         targets: set[bytes] = set()
         ingress = self.ingress
         taken: list[ConsumedRecord] = []
         last: Message | None = None
+        resets: list[PartitionKey] | None = None
         for message in messages:
             error = message.error()
             if error is not None:
-                self.fetch_error(message, error)
+                reset = self._fetch_error(message, error)
+                if reset is not None:
+                    resets = [*(resets or ()), reset]
                 continue
             last = message
             headers = cast(LeanHeaders, message.headers() or [])
@@ -152,6 +157,18 @@ class Intake:
             for key, entries in by_partition.items():
                 if self.parts.add(key, entries):
                     self.stats.consumed += len(entries)
+        return resets
+
+    def _fetch_error(self, message: Message, error: KafkaError) -> PartitionKey | None:
+        """An error librdkafka returned instead of a record: the partition to reset, if it says so."""
+        if error.code() == KafkaError._AUTO_OFFSET_RESET:
+            topic, partition = message.topic(), message.partition()
+            assert topic is not None and partition is not None  # a reset error names its partition
+            return topic, partition
+        if error.fatal():
+            raise KafkaException(error)
+        log.warning("%s: fetch: %s", self.label, error)
+        return None
 
     def awake_at(self, message: Message, raw: bytes | None, fetched_at: int) -> int | None:
         """When a record may be looked at: its ``awakeAt`` ``raw``, believed only up to the topic's

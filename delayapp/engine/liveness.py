@@ -4,8 +4,9 @@ Once a second the check re-asserts the pause state the loop owns (a pause nobody
 otherwise stall a partition), then asks the partition state machine
 (:meth:`delayapp.core.partition.AssignedPartitions.stuck`) why each partition that made no
 progress for ``liveness_threshold`` is idle. A partition stuck for a reason the loop knows for
-certain is rewound (fetched again from its commit); stuck again soon after, the loop reopens
-its clients (:class:`LoopStalled`).
+certain is handed back to the loop to rewind (fetched again from its commit); stuck again soon
+after, the check raises :class:`LoopStalled` and the loop reopens its clients. The check never
+calls back into the loop.
 
 Busy is not stalled: while records arrive on some of the loop's partitions, the fetcher works,
 and a partition none of whose records arrive is waiting its turn behind their backlog (a burst
@@ -19,7 +20,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -50,7 +50,6 @@ class LivenessCheck:
         stats: LoopStats,
         clock: GuardedClock,
         threshold_ms: int,
-        rewind: Callable[[set[PartitionKey]], None],
     ) -> None:
         self.label = label
         self.parts = parts
@@ -58,17 +57,17 @@ class LivenessCheck:
         self.stats = stats
         self.clock = clock
         self.threshold_s = threshold_ms / 1000
-        self.rewind = rewind
         self._recently_stalled: dict[PartitionKey, float] = {}
         self._next_s = 0.0
         self._consumed = 0  # the loop's count of records taken in, at the last check
         self._arrived_s = 0.0  # monotonic s of the last check that found more taken in
 
-    def check(self, consumer: Consumer) -> None:
-        """Once a second: find partitions that should make progress and do not (see the module)."""
+    def check(self, consumer: Consumer) -> set[PartitionKey] | None:
+        """Once a second: find partitions that should make progress and do not (see the
+        module); those the loop rewinds (None: none)."""
         now_s = time.monotonic()
         if now_s < self._next_s:
-            return
+            return None
         self._next_s = now_s + WATCHDOG_S
         with self.state_lock:
             served, paused = list(self.parts.parts), set(self.parts.paused)
@@ -106,4 +105,5 @@ class LivenessCheck:
                 raise LoopStalled(f"no progress on {', '.join(map(str, sorted(again)))} even after a rewind")
             for key in stalled:
                 self._recently_stalled[key] = now_s
-            self.rewind(stalled)
+            return stalled
+        return None

@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -55,11 +55,14 @@ from mode import Service
 from delayapp.core.clock import GuardedClock
 from delayapp.core.partition import AssignedPartitions, PartitionKey
 from delayapp.core.uncommitted import CommitPoint, written_not_committed
+from delayapp.engine.capabilities import BrokerCapabilities
 from delayapp.engine.committer import (
+    QUIET,
     AtLeastOnceCommitter,
     Committer,
     EmitTimeout,
     ExactlyOnceCommitter,
+    Outcome,
     kafka_error,
 )
 from delayapp.engine.handler import Handler
@@ -71,7 +74,7 @@ from delayapp.engine.step import Steps
 from delayapp.engine.writer import DECIDING, Step, Writer, refused_for_good
 from delayapp.settings import Guarantee, Settings
 
-__all__ = ["EmitTimeout", "FetchedRecord", "HopLoop", "LoopStalled", "LoopStats", "refused_for_good"]
+__all__ = ["EmitTimeout", "FetchedRecord", "HopLoop", "LoopStalled", "LoopStats", "RouterLoop", "refused_for_good"]
 
 log = logging.getLogger(__name__)
 librdkafka_log = logging.getLogger("delayapp.librdkafka")
@@ -83,7 +86,13 @@ INIT_TRANSACTIONS_SLICE_S = 1.0  # exactly_once: one call of init_transactions w
 
 
 class HopLoop(Service):
-    """Moves the records of one topic: wait, hop, deliver or dead-letter, then commit."""
+    """Moves the records of one delay topic: wait, hop, deliver or dead-letter, then commit.
+    The router's loop is a kind of its own (:class:`RouterLoop`)."""
+
+    #: the kind of loop: False for a delay topic's (records wait for their ``awakeAt``), True for
+    #: the router's (:class:`RouterLoop`: records admitted as they enter); set by the class,
+    #: never passed in
+    ingress: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -95,20 +104,28 @@ class HopLoop(Service):
         settings: Settings,
         audit_topic: str | None,
         states_topic: str | None = None,
-        ingress: bool = False,
         priority_topic: str | None = None,
         max_wait_ms: int = 0,
         clock: GuardedClock | None = None,
         observer: Callable[[HopLoop, Step], None] | None = None,
         hops_observer: Callable[[HopLoop, int], None] | None = None,
-        idempotent: bool = False,
+        broker: BrokerCapabilities | None = None,
+        before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None = None,
+        targets_settled: Callable[[set[str]], bool] | None = None,
+        on_target_failed: Callable[[str], None] | None = None,
         **kwargs: Any,
     ) -> None:
+        """Every collaborator is given here (nothing is wired by setting attributes afterwards):
+        ``before_decide`` (a coroutine, run on the worker's event loop) is given the target
+        topics a fetched batch names before it is decided, unless ``targets_settled`` (asked on
+        this loop's thread: no round trip) says there is nothing to do for them;
+        ``on_target_failed`` is told of a target a write to which failed in a way that may mean
+        it is gone; ``broker`` is what the broker was found to support at start, and the
+        workarounds the loop applies where it falls short of Apache Kafka (default: Apache
+        Kafka's, with every workaround on)."""
         super().__init__(**kwargs)
         self.name = name
-        # at_least_once: the producer is idempotent (the broker granted it at start), so a write
-        # librdkafka retries after a lost acknowledgement is not written twice
-        self.idempotent = idempotent
+        self.broker = broker if broker is not None else BrokerCapabilities()
         self.topic = topic
         self.priority_topic = priority_topic
         self.max_wait_ms = max_wait_ms  # the topic's denomination: no record here waits longer
@@ -120,19 +137,14 @@ class HopLoop(Service):
         self.audit_topic = audit_topic
         # record-states: each audit event again, compacted by record id (the read model)
         self.states_topic = states_topic
-        self.ingress = ingress
         self.clock = clock if clock is not None else GuardedClock()
         self.stats = LoopStats()
         self.exactly_once = settings.processing_guarantee is Guarantee.EXACTLY_ONCE
         self.parts = AssignedPartitions(priority_topic=priority_topic, release_ahead=settings.release_ahead)
         self.running = asyncio.Event()
-        # called with the target topics a fetched batch names, before it is decided
-        # (a coroutine, run on the worker's event loop), unless targets_settled says there is
-        # nothing to do for them (asked on this loop's thread: no round trip)
-        self.before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None = None
-        self.targets_settled: Callable[[set[str]], bool] | None = None
-        # called with a target a write to which failed in a way that may mean it is gone
-        self.on_target_failed: Callable[[str], None] | None = None
+        self.before_decide = before_decide
+        self.targets_settled = targets_settled
+        self.on_target_failed = on_target_failed
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
         # built with the clients at each opening: the state of what they fetched and wrote
@@ -142,7 +154,7 @@ class HopLoop(Service):
         self._state_lock = threading.Lock()  # the loop's partitions, against readers on the event loop
         # a delay topic's records are fetched from read_ahead (beyond the smallest denomination)
         # before they wake, not as far as the read-ahead's bytes allow (PartitionState.should_pause)
-        self._horizon_ms = None if ingress else settings.read_ahead_horizon_ms
+        self._horizon_ms = None if self.ingress else settings.read_ahead_horizon_ms
         self._liveness = LivenessCheck(
             label=name,
             parts=self.parts,
@@ -150,15 +162,11 @@ class HopLoop(Service):
             stats=self.stats,
             clock=self.clock,
             threshold_ms=settings.liveness_threshold,
-            rewind=self._rewind,
         )
         self._pending_seeks: dict[PartitionKey, int | None] = {}
         # the commit the broker holds for each partition (read at assignment, then each commit it
         # confirmed): where a next owner starts, so what was written beyond it is written again
         self._broker_commits: dict[PartitionKey, CommitPoint] = {}
-        # False where the broker drops offset-commit metadata (the embedded one; the worker probes
-        # it at start): records released ahead of a head are then written again by a next owner
-        self.commit_metadata_kept = True
         self._broken: BaseException | None = None  # an error inside a librdkafka callback: the loop reopens
         self._session: object | None = None  # the clients opened last (see _open)
         self._joined = False  # True from an assignment to the next revocation: the group is not rebalancing
@@ -291,7 +299,7 @@ class HopLoop(Service):
             "delivery.report.only.error": True,
             "on_delivery": partial(self._delivery_failed, session),
         }
-        if self.idempotent and not self.exactly_once:
+        if self.broker.idempotent and not self.exactly_once:
             producer_config["enable.idempotence"] = True
         if self.exactly_once:
             producer_config.update(
@@ -364,15 +372,12 @@ class HopLoop(Service):
             clock=self.clock,
             ingress=self.ingress,
             max_wait_ms=self.max_wait_ms,
-            fetch_error=self._fetch_error,
-            before_decide=self._ensure_targets if self.before_decide is not None else None,
+            before_decide=_on_event_loop(self._aio, self.before_decide, self.targets_settled),
         )
         writer = self._writer = Writer(
             label=self.label,
             producer=producer,
             handler=self.handler,
-            parts=self.parts,
-            state_lock=self._state_lock,
             stats=self.stats,
             clock=self.clock,
             audit_topic=self.audit_topic,
@@ -382,7 +387,7 @@ class HopLoop(Service):
             publish_now=self.exactly_once,
             observer=partial(observer, self) if observer is not None else None,
             hops_observer=partial(hops_observer, self) if hops_observer is not None else None,
-            target_failed=self._target_failed,
+            target_failed=_told_on_event_loop(self._aio, self.on_target_failed),
         )
         committer_kind = ExactlyOnceCommitter if self.exactly_once else AtLeastOnceCommitter
         self._committer = committer_kind(
@@ -395,26 +400,24 @@ class HopLoop(Service):
             stats=self.stats,
             settings=s,
             clock=self.clock,
-            rewind=self._rewind,
-            pause=self._stopping.wait,
-            confirmed=self._confirm_commits,
         )
 
     def _close(self, *, clean: bool) -> None:
         consumer, producer, committer = self._consumer, self._producer, self._committer
         if not clean and committer is not None:
-            committer.discard()  # after a failure nothing in flight is committed
+            committer.close()  # after a failure nothing in flight is committed
         # a producer whose call may never return is left alone (its successor fences it)
         producer_usable = committer is None or not committer.producer_unusable
         try:
             if consumer is not None:
-                self._finish_joining(consumer)
+                if self.broker.settle_before_leaving:
+                    self._finish_joining(consumer)
                 # closing revokes the assignment: after a clean run _on_revoke commits what was written
                 consumer.close()
         except Exception:  # closing a broken client must not mask the original error
             log.warning("%s: error while closing the consumer", self.label, exc_info=True)
         if committer is not None:
-            committer.discard()
+            committer.close()
         self._consumer = self._producer = None
         self._intake = self._writer = self._committer = None
         self._session = None
@@ -428,11 +431,12 @@ class HopLoop(Service):
         """Before leaving the group, be a settled member: joined, and still joined after a
         heartbeat and a half (at most a session timeout in all).
 
-        The embedded broker (Tansu 0.6) keeps the leader id of a member that leaves while the
-        group rebalances, and waits for ever for that leader's assignment: every other member
-        then stays without partitions (broker-notes; found by the chaos test). A member learns
-        of a rebalance from its next heartbeat, so it leaves only after one has passed without
-        news. What is fetched meanwhile is dropped uncommitted (the next owner reads it again)."""
+        A workaround (:attr:`BrokerCapabilities.settle_before_leaving`): the embedded broker
+        (Tansu 0.6) keeps the leader id of a member that leaves while the group rebalances, and
+        waits for ever for that leader's assignment: every other member then stays without
+        partitions (broker-notes; found by the chaos test). A member learns of a rebalance from
+        its next heartbeat, so it leaves only after one has passed without news. What is fetched
+        meanwhile is dropped uncommitted (the next owner reads it again)."""
         started = time.monotonic()
         deadline = started + self.settings.session_timeout_ms / 1000
         settled_after_s = 1.5 * self.settings.heartbeat_interval_ms / 1000
@@ -491,7 +495,7 @@ class HopLoop(Service):
         committer = self._committer
         if committer is not None:
             try:
-                committer.finish()
+                self._act(committer.finish())
             except Exception as exc:
                 log.warning("%s: could not commit before the rebalance (%s); the next owner redoes it", self.label, exc)
                 committer.abandon()
@@ -536,7 +540,10 @@ class HopLoop(Service):
     # -- the loop -----------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        """The thread's loop: fetch, decide, write, commit, until the loop stops or fails."""
+        """The thread's loop: fetch, decide, write, commit, until the loop stops or fails.
+
+        Intake, liveness check and committer never call back into it: they return what the
+        loop must do (partitions to reset or rewind, commits confirmed), or raise to reopen."""
         consumer, intake, writer, committer = self._consumer, self._intake, self._writer, self._committer
         assert consumer is not None and intake is not None and writer is not None and committer is not None
         steps = Steps(handler=self.handler, writer=writer, ingress=self.ingress, max_wait_ms=self.max_wait_ms)
@@ -548,17 +555,23 @@ class HopLoop(Service):
             if committer.failure is not None:  # found in a rebalance callback: reopen
                 raise committer.failure
             if not committer.busy:  # while a transaction ends, its partitions wait for it
-                self._liveness.check(consumer)
+                stalled = self._liveness.check(consumer)
+                if stalled:
+                    self._rewind(stalled)
             self._apply_pauses()
-            if committer.make_room():
+            served = committer.make_room()
+            if served is not None:  # too much in flight: acknowledgements served instead of a fetch
+                self._act(served)
                 continue
             messages = consumer.consume(self.settings.max_batch, self._poll_timeout_ms() / 1000)
             if messages:
-                intake.take(messages)
+                resets = intake.take(messages)
+                if resets:
+                    self._reset(resets)
             if committer.busy:
                 # a transaction is ending (commit or abort): the consumer is served, nothing is
                 # decided until it has (or until it is given up and the loop reopens)
-                committer.after_pass(idle=True)
+                self._act(committer.after_pass(idle=True))
                 continue
             with DECIDING, self._state_lock:
                 batch, offsets, new_waits = self.parts.decide(self.clock, steps, now_s=time.monotonic())
@@ -566,7 +579,20 @@ class HopLoop(Service):
             if batch or offsets:
                 committer.begin(offsets, {key for key, _, _ in batch}, len(batch))
                 writer.emit(batch)
-            committer.after_pass(idle=not (batch or offsets))
+            outcome = committer.after_pass(idle=not (batch or offsets))
+            if outcome is not QUIET:
+                self._act(outcome)
+
+    def _act(self, outcome: Outcome) -> None:
+        """Act on what the committer did, in order: 1. count the commits the broker confirmed
+        (before a rewind reports what is not committed); 2. fetch the partitions whose writes
+        were dropped again from their commits; 3. pause before fetching again."""
+        if outcome.confirmed:
+            self._confirm_commits(dict(outcome.confirmed))
+        if outcome.rewind:
+            self._rewind(set(outcome.rewind))
+        if outcome.pause_s:
+            self._stopping.wait(outcome.pause_s)
 
     def _poll_timeout_ms(self) -> int:
         """Block no longer than until the earliest wait ends, nor while writes or a transaction
@@ -576,19 +602,34 @@ class HopLoop(Service):
         with self._state_lock:
             return self.parts.poll_timeout_ms(self.clock(), idle)
 
-    def _fetch_error(self, message: Message, error: KafkaError) -> None:
-        if error.code() == KafkaError._AUTO_OFFSET_RESET:
-            topic, partition = message.topic(), message.partition()
-            assert topic is not None and partition is not None  # a reset error names its partition
-            self._reset((topic, partition))
-        elif error.fatal():
-            raise KafkaException(error)
-        else:
-            log.warning("%s: fetch: %s", self.label, error)
+    def _reset(self, keys: list[PartitionKey]) -> None:
+        """Committed positions the log no longer holds: sound the alarm (records deleted by
+        retention before they were forwarded), then read those partitions from their beginning
+        and every other served partition again from its commit."""
+        for key in dict.fromkeys(keys):
+            self._alarm(key)
+        # librdkafka leaves a partition whose reset failed in an error state that refuses seeks:
+        # assign every served partition again, these from the start of their log, the others
+        # from their commits (what was fetched since is fetched again)
+        self._report_uncommitted(self.assignment() - set(keys), "rewound", to_broker_commit=False)
+        now_s = time.monotonic()
+        with self._state_lock:
+            for key in keys:
+                if key in self.parts.parts:
+                    self.parts.adopt(key, None, None, now_s=now_s)
+            positions = self.parts.rewind(list(self.parts.parts), now_s=now_s)
+        self._pending_seeks.clear()
+        consumer = self._consumer
+        assert consumer is not None
+        consumer.assign(
+            [
+                TopicPartition(t, p, OFFSET_BEGINNING if position is None else position)
+                for (t, p), position in positions.items()
+            ]
+        )
 
-    def _reset(self, key: PartitionKey) -> None:
-        """A committed position the log no longer holds: sound the alarm (records deleted by
-        retention before they were forwarded), then read the partition from its beginning."""
+    def _alarm(self, key: PartitionKey) -> None:
+        """Log and count the records of ``key`` that retention deleted before they were forwarded."""
         consumer = self._consumer
         assert consumer is not None
         with self._state_lock:
@@ -609,33 +650,6 @@ class HopLoop(Service):
                 lost,
                 key[0],
             )
-        # librdkafka leaves a partition whose reset failed in an error state that refuses seeks:
-        # assign every served partition again, this one from the start of its log, the others
-        # from their commits (what was fetched since is fetched again)
-        self._report_uncommitted(self.assignment() - {key}, "rewound", to_broker_commit=False)
-        with self._state_lock:
-            if part is not None:
-                self.parts.adopt(key, None, None, now_s=time.monotonic())
-            positions = self.parts.rewind(list(self.parts.parts), now_s=time.monotonic())
-        self._pending_seeks.clear()
-        consumer.assign(
-            [
-                TopicPartition(t, p, OFFSET_BEGINNING if position is None else position)
-                for (t, p), position in positions.items()
-            ]
-        )
-
-    def _ensure_targets(self, names: set[str]) -> None:
-        """Run ``before_decide`` on the worker's event loop with the target topics a fetched batch names."""
-        if self.targets_settled is not None and self.targets_settled(names):
-            return
-        if self.before_decide is not None and self._aio is not None:
-            asyncio.run_coroutine_threadsafe(self.before_decide(names), self._aio).result(timeout=60)
-
-    def _target_failed(self, topic: str) -> None:
-        """A write to ``topic`` failed in a way that may mean it is gone: the worker checks again."""
-        if self.on_target_failed is not None and self._aio is not None:
-            self._aio.call_soon_threadsafe(self.on_target_failed, topic)
 
     def _delivery_failed(self, session: object, error: KafkaError | None, message: Message | None) -> None:
         """The producer's report of a failed write, for the writer of the clients that wrote it."""
@@ -715,7 +729,7 @@ class HopLoop(Service):
                 written_not_committed(
                     part,
                     commits.get(key, (part.committed, part.committed_metadata)),
-                    metadata_kept=self.commit_metadata_kept,
+                    metadata_kept=self.broker.commit_metadata_kept,
                 )
                 for key, part in self.parts.parts.items()
             )
@@ -733,9 +747,9 @@ class HopLoop(Service):
                     continue
                 if to_broker_commit:
                     commit = self._broker_commits.get(key, (part.committed, part.committed_metadata))
-                    written = written_not_committed(part, commit, metadata_kept=self.commit_metadata_kept)
+                    written = written_not_committed(part, commit, metadata_kept=self.broker.commit_metadata_kept)
                     count += written
-                    if not self.commit_metadata_kept:  # told apart: only the broker's dropped metadata re-sends these
+                    if not self.broker.commit_metadata_kept:  # told apart: only dropped metadata re-sends these
                         dropped_metadata += written - written_not_committed(part, commit, metadata_kept=True)
                 else:  # a rewind carries what the loop's own commit metadata says was released ahead
                     count += written_not_committed(part, (part.committed, part.committed_metadata))
@@ -751,6 +765,49 @@ class HopLoop(Service):
                 else "",
             )
         return count
+
+
+class RouterLoop(HopLoop):
+    """The router's loop (and the compat sources'): admits the records entering through the
+    ingress topic, whose ``awakeAt`` is a producer's and never waited for, and routes each to its
+    first delay topic or its target."""
+
+    ingress = True
+
+
+def _on_event_loop(
+    aio: asyncio.AbstractEventLoop | None,
+    before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None,
+    targets_settled: Callable[[set[str]], bool] | None,
+) -> Callable[[set[str]], None] | None:
+    """The intake's hook for the target topics a fetched batch names (None: there is none): runs
+    ``before_decide`` on the worker's event loop ``aio`` and waits for it, unless
+    ``targets_settled`` (asked on the loop's thread: no round trip) says there is nothing to do."""
+    if before_decide is None or aio is None:
+        return None
+    hook, event_loop = before_decide, aio
+
+    def ensure_targets(names: set[str]) -> None:
+        if targets_settled is not None and targets_settled(names):
+            return
+        asyncio.run_coroutine_threadsafe(hook(names), event_loop).result(timeout=60)
+
+    return ensure_targets
+
+
+def _told_on_event_loop(
+    aio: asyncio.AbstractEventLoop | None, on_target_failed: Callable[[str], None] | None
+) -> Callable[[str], None] | None:
+    """The writer's hook for a target a write to which failed in a way that may mean it is gone
+    (None: there is none): ``on_target_failed`` is told on the worker's event loop ``aio``."""
+    if on_target_failed is None or aio is None:
+        return None
+    told, event_loop = on_target_failed, aio
+
+    def target_failed(topic: str) -> None:
+        event_loop.call_soon_threadsafe(told, topic)
+
+    return target_failed
 
 
 def _positions(positions: Iterable[tuple[str, int, int | None]]) -> str:

@@ -35,10 +35,11 @@ from delayapp.engine.bootstrap import (
     probe_transactions,
 )
 from delayapp.engine.cancel_registry import DAY_MS, CancelRegistry
+from delayapp.engine.capabilities import BrokerCapabilities
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.known_topics import KnownTopics
 from delayapp.engine.lag import LagSampler
-from delayapp.engine.loop import HopLoop
+from delayapp.engine.loop import HopLoop, RouterLoop
 from delayapp.engine.metrics import EngineMetrics
 from delayapp.engine.retired import RetiredDrain, retired_loops
 from delayapp.engine.stats import engine_figures
@@ -205,14 +206,16 @@ class DelayEngine(Service):
             states_topic=states,
             observer=self.metrics.observe,
             hops_observer=self.metrics.observe_hops,
-            idempotent=idempotent,
+            broker=BrokerCapabilities(idempotent=idempotent, commit_metadata_kept=metadata_kept),
+            # every loop can deliver: each re-checks that targets exist (shared, cached list)
+            before_decide=self.known_topics.ensure if s.check_target_exists else None,
+            targets_settled=self.known_topics.settled,
+            on_target_failed=self.known_topics.forget,
             clock=self.clock,
             loop=self.loop,
             beacon=self.beacon,
         )
-        router = HopLoop(
-            name="router", topic=self.layout.ingress, group_id=f"{s.app_id}.router", ingress=True, **common
-        )
+        router = RouterLoop(name="router", topic=self.layout.ingress, group_id=f"{s.app_id}.router", **common)
         self.loops = [router] + [
             HopLoop(
                 name=f"delay-{self.settings.ladder.label(d)}",
@@ -235,11 +238,6 @@ class DelayEngine(Service):
                 log.warning("could not count the records in the retired delay topics yet (%s)", exc)
         tune_collector()
         for hop_loop in self.loops:
-            # every loop can deliver: each re-checks that targets exist (shared, cached list)
-            hop_loop.before_decide = self.known_topics.ensure if s.check_target_exists else None
-            hop_loop.targets_settled = self.known_topics.settled
-            hop_loop.on_target_failed = self.known_topics.forget
-            hop_loop.commit_metadata_kept = metadata_kept  # its count of what a loss makes others redo
             await self.add_runtime_dependency(hop_loop)
         log.info(
             "delay engine started: ladder %s, guarantee %s, topics %s%s",

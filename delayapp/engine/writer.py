@@ -6,10 +6,14 @@ stream, whose records hold the steps of a whole pass, one JSON event a line
 (:func:`delayapp.core.audit.audit_record_values`).
 
 No callback runs per record on the common path: librdkafka reports only a failed write
-(``delivery.report.only.error``), which fails every write in flight (the committer rewinds
-them). After a refusal for good the redo is *careful*: until the partitions it covers are
-committed past where they stood, each write names its record, so that the one refused is found
-and dead-lettered, alone.
+(``delivery.report.only.error``), which fails every write in flight. The writer keeps the first
+such error and raises it (:class:`WriteFailed`) at its next :meth:`Writer.poll` or
+:meth:`Writer.flush`, as Kafka Streams' ``RecordCollectorImpl`` keeps its ``sendException``:
+nobody else reads a flag; whoever polls or flushes (the committer) learns of it by the
+exception, and tells the writer with :meth:`Writer.drop_writes` that the writes in flight are
+dropped (their partitions are redone from their commits). After a refusal for good the redo
+is *careful*: until the partitions it covers are committed past where they stood, each write
+names its record, so that the one refused is found and dead-lettered, alone.
 
 A writer lives as long as the loop's producer: the loop builds one each time it opens its clients.
 """
@@ -29,7 +33,7 @@ from delayapp.core.admission import LeanAdmitted
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_record_values, published
 from delayapp.core.clock import GuardedClock, now_ms
 from delayapp.core.hop import LeanDelivery, LeanHeaders, LeanHop
-from delayapp.core.partition import AssignedPartitions, PartitionKey, Pending
+from delayapp.core.partition import PartitionKey, Pending
 from delayapp.core.policies import DeadLetter, Reason
 from delayapp.engine.handler import Handler, LeanOutput, Output, OutputHeaders
 from delayapp.engine.intake import as_record
@@ -65,6 +69,16 @@ Published = Step | LeanAdmitted
 """A published step: a counted one, or a lean admission (counted as a hop)."""
 
 
+class WriteFailed(KafkaException):
+    """A write in flight failed (``args[0]``: librdkafka's error); raised by the writer at its
+    next poll or flush until the writes in flight are dropped (:meth:`Writer.drop_writes`)."""
+
+    @property
+    def error(self) -> KafkaError:
+        """The error of the first write that failed."""
+        return cast(KafkaError, self.args[0])
+
+
 def refused_for_good(error: KafkaError) -> bool:
     """True for a write error about this record that no retry can fix (dead-letter it); False
     for everything else (timeouts, a leader moving, a topic whose metadata is missing for now),
@@ -85,8 +99,6 @@ class Writer:
         label: str,
         producer: Producer,
         handler: Handler,
-        parts: AssignedPartitions,
-        state_lock: threading.Lock,
         stats: LoopStats,
         clock: GuardedClock,
         audit_topic: str | None,
@@ -101,8 +113,6 @@ class Writer:
         self.label = label
         self.producer = producer
         self.handler = handler
-        self.parts = parts
-        self.state_lock = state_lock
         self.stats = stats
         self.clock = clock
         self.audit_topic = audit_topic
@@ -114,7 +124,8 @@ class Writer:
         self.observer = observer  # metrics: every audit event written
         self.hops_observer = hops_observer  # metrics: the number of lean hops of each batch
         self.target_failed = target_failed  # a target a write to which failed: perhaps gone
-        self.write_error: KafkaError | None = None  # the first failed write in flight (librdkafka's report)
+        # the first failed write in flight (librdkafka's report), raised at the next poll or flush
+        self._send_error: KafkaError | None = None
         # exactly_once: records a target refused in an aborted transaction, dead-lettered on the redo
         self.refused: dict[tuple[PartitionKey, int], DeadLetter] = {}
         # at_least_once: steps of the writes in flight, published once those are acknowledged:
@@ -242,8 +253,44 @@ class Writer:
         topic = message.topic() if message is not None else None
         if topic is not None and self.target_failed is not None:
             self.target_failed(topic)  # perhaps gone: checked again
-        if self.write_error is None:
-            self.write_error = error
+        if self._send_error is None:
+            self._send_error = error
+
+    def poll(self, timeout_s: float) -> None:
+        """Serve librdkafka's reports for up to ``timeout_s``; raise :class:`WriteFailed` if a
+        write in flight failed."""
+        self.producer.poll(timeout_s)
+        if self._send_error is not None:
+            raise WriteFailed(self._send_error)
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for every write in flight; the number still in flight.
+        Raises :class:`WriteFailed` if a write failed."""
+        left = self.producer.flush(timeout_s)
+        if self._send_error is not None:
+            raise WriteFailed(self._send_error)
+        return left
+
+    @property
+    def queued(self) -> int:
+        """The writes librdkafka holds that are not acknowledged yet."""
+        return len(self.producer)
+
+    def drop_writes(self, fetched_to: dict[PartitionKey, int]) -> None:
+        """The writes in flight are dropped and will be redone from their partitions' commits
+        (``fetched_to``: each of those partitions, with the offset after the last record fetched
+        there): forget their steps not yet published (redone with them) and the error they met;
+        when it refused a record for good, the redo of those partitions is careful until
+        committed past where they stood, so that the refused record is found and dead-lettered."""
+        self.unpublished.clear()
+        self.unwritten.clear()
+        self._audit_lines.clear()
+        error, self._send_error = self._send_error, None
+        if error is None or not refused_for_good(error):
+            return
+        careful_until = self.careful_until
+        for key, reached in fetched_to.items():
+            careful_until[key] = max(careful_until.get(key, 0), reached)
 
     def _write_failed(
         self,
@@ -269,8 +316,8 @@ class Writer:
         verdict = DeadLetter(Reason.UNDELIVERABLE, f"writing to {topic} failed: {error.name()}")
         if self.publish_now:  # exactly_once: the transaction must abort; the redo dead-letters the record
             self.refused[(key, entry.offset)] = verdict
-            if self.write_error is None:
-                self.write_error = error
+            if self._send_error is None:
+                self._send_error = error
             return
         self._dead_letter(entry, verdict, drop_value=False)
 
@@ -300,19 +347,6 @@ class Writer:
             self._dead_letter(entry, verdict, drop_value=True)
             return
         self.delivery_failed(error, message)
-
-    def redo_carefully(self, error: KafkaError, partitions: set[PartitionKey]) -> None:
-        """When ``error`` refuses a record for good, the redo of ``partitions`` (whose writes
-        were dropped) is careful until it is committed past where they stood, so that the
-        refused record is found and dead-lettered."""
-        if not refused_for_good(error):
-            return
-        with self.state_lock:
-            for key in partitions:
-                part = self.parts.parts.get(key)
-                if part is not None:
-                    reached = part.queue[-1].offset + 1 if part.queue else part.next_offset or 0
-                    self.careful_until[key] = max(self.careful_until.get(key, 0), reached)
 
     def committed_past(self, offsets: dict[PartitionKey, tuple[int, str]]) -> None:
         """Careful mode ends once every partition it covers is committed past where it began."""
@@ -388,14 +422,9 @@ class Writer:
             if id(step) not in unwritten:
                 self.publish(encoded, record_id, at)
         self.flush_audit()
-        self.drop_unpublished()
-        return True
-
-    def drop_unpublished(self) -> None:
-        """Forget the steps not yet published (their writes are redone, and so are they)."""
         self.unpublished.clear()
         self.unwritten.clear()
-        self._audit_lines.clear()
+        return True
 
     def _count_hops(self, hops: int) -> None:
         """Count ``hops`` lean hops of one batch."""

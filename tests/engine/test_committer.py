@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, Producer
 from delayapp.core.clock import GuardedClock
 from delayapp.core.partition import AssignedPartitions
 from delayapp.core.planner import Planner
-from delayapp.engine.committer import MAX_IN_FLIGHT_BATCHES, AtLeastOnceCommitter
+from delayapp.engine.committer import MAX_IN_FLIGHT_BATCHES, QUIET, AtLeastOnceCommitter
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.service import build_policy
 from delayapp.engine.stats import LoopStats
@@ -39,8 +39,6 @@ def make_committer() -> Iterator[Callable[[int], AtLeastOnceCommitter]]:
             label="cmt",
             producer=producer,
             handler=handler,
-            parts=parts,
-            state_lock=lock,
             stats=stats,
             clock=clock,
             audit_topic=layout.audit,
@@ -59,8 +57,6 @@ def make_committer() -> Iterator[Callable[[int], AtLeastOnceCommitter]]:
             stats=stats,
             settings=settings,
             clock=clock,
-            rewind=lambda partitions: None,
-            pause=lambda seconds: None,
         )
 
     yield make
@@ -76,7 +72,7 @@ def test_many_small_batches_do_not_fill_the_loop(make_committer: Callable[[int],
         committer.begin({("cmt.delay.1s", 0): (offset + 1, "")}, {("cmt.delay.1s", 0)}, 3)
     assert committer.in_flight_records == 12 * MAX_IN_FLIGHT_BATCHES
     assert not committer.full
-    assert committer.make_room() is False
+    assert committer.make_room() is None  # room: the loop fetches
 
 
 def test_full_batches_fill_the_loop_until_acknowledged(make_committer: Callable[[int], AtLeastOnceCommitter]) -> None:
@@ -87,6 +83,6 @@ def test_full_batches_fill_the_loop_until_acknowledged(make_committer: Callable[
     assert committer.full
     # nothing was written, so every write in flight is acknowledged: the loop settles instead
     # of fetching, and the count starts again
-    assert committer.make_room() is True
+    assert committer.make_room() is QUIET  # served instead of a fetch: nothing else to act on
     assert committer.in_flight_records == 0 and not committer.in_flight
     assert not committer.full

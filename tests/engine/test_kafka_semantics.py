@@ -27,7 +27,7 @@ from delayapp.core.clock import now_ms
 from delayapp.core.planner import Planner
 from delayapp.engine.bootstrap import bootstrap_topics, keeps_commit_metadata
 from delayapp.engine.handler import RecordHandler
-from delayapp.engine.loop import HopLoop
+from delayapp.engine.loop import HopLoop, RouterLoop
 from delayapp.engine.metadata import forbid_topic_auto_creation
 from delayapp.engine.service import build_policy
 from delayapp.settings import load_settings
@@ -175,14 +175,13 @@ async def test_records_deleted_by_retention_before_they_were_forwarded_sound_an_
 
     def router() -> HopLoop:
         handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=policy)
-        return HopLoop(
+        return RouterLoop(
             name="router",
             topic=layout.ingress,
             group_id=f"{prefix}.router",
             handler=handler,
             settings=settings,
             audit_topic=None,
-            ingress=True,
         )
 
     collector = await Collector(bootstrap, [target]).start()

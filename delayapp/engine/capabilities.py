@@ -1,0 +1,30 @@
+"""What the broker was found to support when the worker started, and the workarounds a loop
+applies where a broker falls short of Apache Kafka: one object a loop is built with, so that
+the loop's code asks a capability by name, never which broker it talks to.
+
+:class:`delayapp.engine.service.DelayEngine` probes the broker at start
+(:mod:`delayapp.engine.bootstrap`) and builds one for its loops; the embedded broker's limits
+are listed in the broker notes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerCapabilities:
+    """The broker's capabilities as a hop loop relies on them (defaults: Apache Kafka's, with
+    every workaround on)."""
+
+    #: at_least_once: the broker grants idempotent producers, so a write librdkafka retries
+    #: after a lost acknowledgement is not written twice (probed at start)
+    idempotent: bool = False
+    #: the broker returns the metadata committed with an offset (the embedded one drops it):
+    #: where it does not, records released ahead of a waiting head are written again by a next
+    #: owner, and the loop counts them among what a loss makes others redo (probed at start)
+    commit_metadata_kept: bool = True
+    #: workaround: leave the group only as a settled member (joined, and a heartbeat and a half
+    #: without news), since the embedded broker (Tansu 0.6) waits for ever for the assignment of
+    #: a leader that left mid-rebalance; costs at most a session timeout at each close
+    settle_before_leaving: bool = True
