@@ -46,6 +46,7 @@ class ScheduleBody:
     value: bytes
     headers: list[tuple[str, bytes]]
     replace: bool
+    target: str
 
 
 def parse_time(value: Any, name: str, now: int | None = None) -> int:
@@ -179,4 +180,4 @@ def parse_schedule(body: Any, *, max_delay_ms: int | None = None, now: int | Non
     except ScheduleError as exc:
         raise RequestError(str(exc)) from None
     key_bytes = _utf8(key, "key") if key is not None else None
-    return ScheduleBody(record_id, key_bytes, value, request.to_headers(), bool(body.get("replace")))
+    return ScheduleBody(record_id, key_bytes, value, request.to_headers(), bool(body.get("replace")), request.target)

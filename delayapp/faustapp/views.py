@@ -30,6 +30,7 @@ from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.clock import now_ms
 from delayapp.core.replay import ReplayFilter
 from delayapp.engine.health import waiting_for, wedged
+from delayapp.engine.service import build_policy
 from delayapp.faustapp import http_bodies as api
 from delayapp.faustapp.access import (
     LOGIN_PATH,
@@ -330,6 +331,10 @@ class Cancel(View):
         )
 
 
+#: The router's governance policy, for its target rules (the one check: :meth:`Policy.check_target`).
+_targets = build_policy(settings, layout)
+
+
 @app.page("/delay/schedule")
 class Schedule(View):
     """Hand a record to delayapp (needs the API token); ``replace`` cancels the id's pending copies first."""
@@ -341,6 +346,11 @@ class Schedule(View):
                 wanted = api.parse_schedule(await _json_body(request), max_delay_ms=settings.max_delay)
             except api.RequestError as exc:
                 raise _Problem(400, str(exc)) from None
+            # the router's target rules (allow-list, other systems' topics, its own): refused here,
+            # not accepted and dead-lettered
+            refused = _targets.check_target(wanted.target)
+            if refused is not None:
+                raise _Problem(400, f"{refused.detail} ({refused.reason.value})")
             producer = await _engine().api_producer()
             call = "schedule (replace)" if wanted.replace else "schedule"
             await _record_calls(producer, [requested(wanted.record_id, at=now_ms(), call=call, by=by)])

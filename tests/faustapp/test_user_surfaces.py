@@ -96,7 +96,7 @@ async def test_write_views_need_the_token(http) -> None:
     assert "exactly one of delay" in problem["error"]
 
 
-async def test_schedule_refuses_what_the_router_would_dead_letter(http) -> None:
+async def test_schedule_refuses_what_the_router_would_dead_letter(http, worker: Worker) -> None:
     """The API applies the CLI's rules (one check, the worker's DELAYAPP_MAX_DELAY of 1h): before,
     these bodies were accepted with 202 and the router dead-lettered the records."""
     too_long = {"target": "it-anything", "value": "x", "delay": "2h"}
@@ -104,6 +104,10 @@ async def test_schedule_refuses_what_the_router_would_dead_letter(http) -> None:
     assert "beyond the maximum delay of 1h" in beyond["error"] and "delay-too-long" in beyond["error"]
     expiring = {"target": "it-anything", "value": "x", "delay": "10m", "expire_at": now_ms() + 60_000}
     assert "expires-before-due" in (await post_json(http, "/delay/schedule", expiring, status=400))["error"]
+    for target, reason in (("connect-configs", "Kafka Connect's"), (f"{worker.prefix}.ingress", "delayapp's own")):
+        body = {"target": target, "value": "x", "delay": "10s"}
+        refused = (await post_json(http, "/delay/schedule", body, status=400))["error"]
+        assert reason in refused and "target" in refused, refused
 
 
 async def test_schedule_over_http_then_find_the_record_and_the_stats(bootstrap: str, http, worker: Worker) -> None:
