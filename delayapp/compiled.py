@@ -2,7 +2,8 @@
 
 ``bin/setup`` compiles the modules a record passes through on every step (:data:`MODULES`:
 the intake, the partition state machine, the step of a released record, the lean step and
-the router's lean admission, the writer, and the planner, policies and clock they call) with
+the router's lean admission, the writer, the event encoder, and the planner, policies and
+clock they call) with
 mypyc, from the same sources and their type annotations, with the machine's C compiler
 (``python -m delayapp.dev.compile``). Each ``.so`` lands beside its ``.py``; Python imports
 the ``.so`` first. Counted in instructions (``bench.cpu`` under callgrind), that takes a third
