@@ -1,9 +1,10 @@
 """The intake of a hop loop: what librdkafka fetched, queued on its partitions for deciding.
 
 Each record's size is taken once (:func:`~delayapp.core.hop.record_size`) and its headers read
-once: its ``awakeAt`` and, in a delay topic, the target it names. The router's records are wrapped for the handler at once
-(:class:`FetchedRecord`); a delay topic's records stay librdkafka's messages until the full
-path needs one (:func:`as_record`), since the lean step reads their raw headers.
+once: its ``awakeAt`` and, in a delay topic, the target it names. The router's records are
+wrapped for the handler at once (:class:`FetchedRecord`); a delay topic's records stay
+librdkafka's messages until the full path needs one (:func:`as_record`), since the lean step
+reads their raw headers.
 """
 
 from __future__ import annotations
