@@ -1,7 +1,7 @@
 """The Python cost of one step, without a broker: ``python -m bench.cpu [intermediate|delivery|ingress|fold]``.
 
-Drives a hop loop's own parts (its intake, the partition state machine with the loop's step,
-its writer) over records built in memory as librdkafka would hand them over, the router's
+Drives a hop loop's own parts (its tasks: intake, the partition state machine and the
+decision; its writer) over records built in memory as librdkafka would hand them over, the router's
 headers on them, with a producer whose broker does not answer (each write is queued in
 librdkafka and never sent). What it prints, CPU µs per record of the thread, is what the loop's
 thread spends per record apart from fetching and acknowledging; it does not depend on a broker
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import threading
 import time
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message, Producer
@@ -26,13 +25,11 @@ from bench.engine import routed_headers
 from delayapp.core import headers as h
 from delayapp.core.audit import delivered, waiting
 from delayapp.core.clock import GuardedClock, now_ms
-from delayapp.core.partition import AssignedPartitions
 from delayapp.core.planner import Planner
 from delayapp.engine.handler import RecordHandler
-from delayapp.engine.intake import Intake
 from delayapp.engine.service import build_policy, tune_collector
 from delayapp.engine.stats import LoopStats
-from delayapp.engine.step import Steps
+from delayapp.engine.tasks import DelayTasks, IngressTasks
 from delayapp.engine.writer import Writer
 from delayapp.settings import load_settings
 from delayapp.statestore.disk import DiskStateStore
@@ -85,40 +82,38 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
     producer = Producer(
         {"bootstrap.servers": "127.0.0.1:9", "queue.buffering.max.messages": 10_000_000, "log_level": 0}
     )
-    parts, lock, stats, clock = AssignedPartitions(), threading.Lock(), LoopStats(), GuardedClock()
-    for partition in range(PARTITIONS):
-        parts.adopt((topic, partition), 0, None, now_s=0.0)
-    intake = Intake(
+    stats, clock = LoopStats(), GuardedClock()
+    tasks = (IngressTasks if ingress else DelayTasks)(
         label="cpu",
         handler=handler,
-        parts=parts,
-        state_lock=lock,
         stats=stats,
         clock=clock,
-        ingress=ingress,
         max_wait_ms=denomination,
+        priority_topic=None,
+        release_ahead=settings.release_ahead,
+        horizon_ms=None,
+        wants_targets=False,
     )
+    for partition in range(PARTITIONS):
+        tasks.adopt((topic, partition), 0, None, now_s=0.0)
     writer = Writer(
         label="cpu",
         producer=producer,
-        handler=handler,
         stats=stats,
         clock=clock,
         audit_topic=layout.audit,
         states_topic=layout.record_states,
-        ingress=ingress,
-        audit_hops=False,
-        publish_now=False,
+        dead_letter_topic=layout.dead_letter,
+        publish_waiting=ingress,
     )
-    steps = Steps(handler=handler, writer=writer, ingress=ingress, max_wait_ms=denomination)
     tune_collector()
     if setup_only:
         return 0.0
     started = time.thread_time()
     for first in range(0, count, BATCH):
-        intake.take(messages[first : first + BATCH])
-        batch, _, _ = parts.decide(clock, steps)
-        writer.emit(batch)
+        tasks.take(messages[first : first + BATCH])
+        batch, _, _ = tasks.decide(0.0)
+        writer.emit(batch, careful=False)
         writer.publish_unpublished()
     spent = time.thread_time() - started
     moved = stats.hops + stats.delivered

@@ -1,7 +1,7 @@
 """The record path's compiled modules: which they are, and whether this process runs them.
 
 ``bin/setup`` compiles the modules a record passes through on every step (:data:`MODULES`:
-the intake, the partition state machine, the step of a released record, the lean step and
+the loop's tasks (intake and decision), the partition state machine, the lean hop and
 the router's lean admission, the writer, the event encoder, and the planner, policies and
 clock they call) with
 mypyc, from the same sources and their type annotations, with the machine's C compiler
@@ -54,9 +54,8 @@ MODULES: tuple[str, ...] = (
     "delayapp.core.planner",
     "delayapp.core.policies",
     "delayapp.core.released",
-    "delayapp.engine.intake",
     "delayapp.engine.stats",
-    "delayapp.engine.step",
+    "delayapp.engine.tasks",
     "delayapp.engine.writer",
 )
 """The compiled modules (one mypyc group, whose shared library is :data:`GROUP`)."""

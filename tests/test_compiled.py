@@ -16,7 +16,7 @@ from delayapp import compiled
 
 _PROBE = (
     "import json, sys, delayapp, delayapp.compiled as c\n"
-    "import delayapp.core.hop, delayapp.core.partition, delayapp.engine.intake, delayapp.engine.writer\n"
+    "import delayapp.core.hop, delayapp.core.partition, delayapp.engine.tasks, delayapp.engine.writer\n"
     "print(json.dumps({'status': c.status(),"
     " 'files': [sys.modules[m].__file__ for m in c.MODULES if m in sys.modules]}))\n"
 )

@@ -427,6 +427,9 @@ def _offset_of(entry: Pending) -> int:
 
 PartitionKey = tuple[str, int]  # (topic, partition)
 
+Offsets = dict[PartitionKey, tuple[int, str]]
+"""Commit points: (topic, partition) → (next offset, released-ahead metadata)."""
+
 
 class AssignedPartitions:
     """Every partition one loop serves, and the decisions that span them, with no I/O: what to

@@ -21,9 +21,15 @@ One interface, two implementations, as Kafka Streams' ``TaskManager`` commits th
   clients, and the new producer, with the same transactional id, fences the old one and aborts
   its transaction.
 
+The processing guarantee lives here alone: which committer a loop builds decides what its
+clients are configured with (:meth:`Committer.client_config`, :meth:`Committer.prepare`), when
+the steps' audit events are written (the writer keeps them until the committer publishes them)
+and what is committed when.
+
 A committer never calls back into the loop: each of its calls returns an :class:`Outcome`
 (the commits the broker confirmed, the partitions to fetch again, a pause), which the loop acts
-on, or raises what makes the loop reopen.
+on, or raises what makes the loop reopen. What it learns of a redo (a record a target refused
+for good) it hands to the tasks (:meth:`delayapp.engine.tasks.Tasks.redo`).
 
 A committer lives as long as the loop's clients: the loop builds one each time it opens them.
 """
@@ -44,8 +50,10 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from delayapp.core.clock import GuardedClock
-from delayapp.core.partition import AssignedPartitions, PartitionKey
+from delayapp.core.partition import Offsets, PartitionKey
+from delayapp.engine.capabilities import BrokerCapabilities
 from delayapp.engine.stats import LoopStats
+from delayapp.engine.tasks import Tasks
 from delayapp.engine.writer import WriteFailed, Writer
 from delayapp.settings import Settings
 
@@ -66,6 +74,7 @@ TXN_WAIT_S = 0.2  # exactly_once: longest the loop's thread waits at once for a 
 # the producer's call may never return)
 TRANSACTION_STALL_S = 10.0
 TXN_WAIT_LOG_S = 2.0  # exactly_once: a transaction's end waiting this long is logged (once)
+INIT_TRANSACTIONS_SLICE_S = 1.0  # exactly_once: one call of init_transactions waits at most this long
 
 # Group errors that mean another member owns the partitions now (KIP-447 fencing).
 _FENCING_CODES = {
@@ -74,9 +83,6 @@ _FENCING_CODES = {
     KafkaError.FENCED_INSTANCE_ID,
     KafkaError.REBALANCE_IN_PROGRESS,
 }
-
-Offsets = dict[PartitionKey, tuple[int, str]]
-"""Commit points: (topic, partition) → (next offset, released-ahead metadata)."""
 
 
 class EmitTimeout(Exception):
@@ -182,6 +188,21 @@ class Committer:
         consumer and decides nothing new until it is done."""
         return False
 
+    @classmethod
+    def client_config(
+        cls, settings: Settings, *, name: str, broker: BrokerCapabilities
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What this guarantee adds to the configuration of a loop's producer and consumer
+        (``name``: the loop's)."""
+        return {"enable.idempotence": True} if broker.idempotent else {}, {"isolation.level": "read_uncommitted"}
+
+    @classmethod
+    def prepare(
+        cls, producer: Producer, *, settings: Settings, stopping: threading.Event, waiting: Callable[[], None]
+    ) -> None:
+        """Make a freshly opened producer ready for this guarantee (``waiting`` is called while
+        this waits for the broker; it gives up when ``stopping`` is set)."""
+
     def __init__(
         self,
         *,
@@ -189,8 +210,7 @@ class Committer:
         producer: Producer,
         consumer: Consumer,
         writer: Writer,
-        parts: AssignedPartitions,
-        state_lock: threading.Lock,
+        tasks: Tasks,
         stats: LoopStats,
         settings: Settings,
         clock: GuardedClock,
@@ -199,8 +219,7 @@ class Committer:
         self.producer = producer
         self.consumer = consumer
         self.writer = writer
-        self.parts = parts
-        self.state_lock = state_lock
+        self.tasks = tasks
         self.stats = stats
         self.settings = settings
         self.clock = clock
@@ -258,11 +277,11 @@ class Committer:
 
     def _drop(self) -> set[PartitionKey]:
         """Forget every write in flight and every step not yet published (the writer is told:
-        :meth:`Writer.drop_writes`); their partitions, to be redone from their commits."""
+        :meth:`Writer.drop_writes`); their partitions, to be redone from their commits (the
+        tasks are told what the redo must dead-letter, and whether it must be careful)."""
         partitions = self._take_batches()
-        with self.state_lock:
-            fetched_to = self.parts.fetched_to(partitions)
-        self.writer.drop_writes(fetched_to)
+        dropped = self.writer.drop_writes()
+        self.tasks.redo(partitions, careful=dropped.careful, refused=dropped.refused)
         return partitions
 
     def _take_batches(self) -> set[PartitionKey]:
@@ -272,9 +291,7 @@ class Committer:
         return partitions
 
     def _committed_to(self, offsets: Offsets) -> None:
-        with self.state_lock:
-            self.parts.committed_to(offsets)
-        self.writer.committed_past(offsets)
+        self.tasks.committed_to(offsets)
         self.stats.commits += 1
 
 
@@ -364,8 +381,7 @@ class AtLeastOnceCommitter(Committer):
     def _commit(self, offsets: Offsets, *, wait: bool = False) -> Offsets:
         """Commit ``offsets`` (with their released-ahead metadata); those the broker confirmed
         (``wait``: all of them; else none yet, the consumer's commit callback tells)."""
-        with self.state_lock:
-            offsets = {key: point for key, point in offsets.items() if key in self.parts.parts}
+        offsets = self.tasks.served_among(offsets)
         if not offsets:
             return {}
         points = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
@@ -402,6 +418,37 @@ class ExactlyOnceCommitter(Committer):
     def busy(self) -> bool:
         return self._ending is not None
 
+    @classmethod
+    def client_config(
+        cls, settings: Settings, *, name: str, broker: BrokerCapabilities
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        # a transactional id per loop and worker instance: a restarted worker's producer fences
+        # its predecessor's and aborts its open transaction; consumers read committed records only
+        write_timeout = settings.emit_timeout + 5_000
+        producer = {
+            "transactional.id": f"{settings.topic_prefix}.{name}.{settings.worker_instance_id}",
+            "transaction.timeout.ms": max(60_000, write_timeout),
+        }
+        return producer, {"isolation.level": "read_committed"}
+
+    @classmethod
+    def prepare(
+        cls, producer: Producer, *, settings: Settings, stopping: threading.Event, waiting: Callable[[], None]
+    ) -> None:
+        """Fence this transactional id's earlier producer (and abort its open transaction), in
+        short calls: while the coordinator is away the loop keeps noticing a stop, and a call that
+        times out resumes where it was (librdkafka). Gives up after ``emit_timeout``."""
+        deadline = time.monotonic() + settings.emit_timeout / 1000
+        while True:
+            try:
+                producer.init_transactions(INIT_TRANSACTIONS_SLICE_S)
+                return
+            except KafkaException as exc:
+                error = kafka_error(exc)
+                if error is None or not error.retriable() or time.monotonic() >= deadline or stopping.is_set():
+                    raise
+                waiting()  # waiting for the coordinator is not a wedged loop
+
     def poll_limit_ms(self, idle_ms: int) -> int:
         # the open transaction's commit, or its end under way, is served between polls
         return 0 if self.txn_open_since is not None or self.busy else super().poll_limit_ms(idle_ms)
@@ -424,8 +471,8 @@ class ExactlyOnceCommitter(Committer):
         if self.txn_open_since is None:
             return QUIET
         self.producer.poll(0)
-        with self.state_lock:
-            ready = self.parts.ready(self.clock())
+        self.writer.publish_unpublished()  # the steps' events, in the transaction of their records
+        ready = self.tasks.ready(self.clock())
         open_s = time.monotonic() - self.txn_open_since
         if (idle and not ready) or open_s * 1000 >= self.settings.commit_interval or self.full:
             self._start_commit()
@@ -482,8 +529,8 @@ class ExactlyOnceCommitter(Committer):
         with the group's generation (the coordinator refuses them if the group has moved on, and
         the whole transaction aborts), then the commit."""
         partitions = set().union(*(b.partitions for b in self.in_flight))
-        with self.state_lock:
-            offsets = self.parts.current_points(partitions)
+        self.writer.publish_unpublished()  # the last steps' events, in the transaction
+        offsets = self.tasks.current_points(partitions)
         self.txn_open_since = None
         # the member that decided these batches must still be the group's member (read here:
         # the consumer belongs to the loop's thread)

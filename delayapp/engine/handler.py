@@ -18,7 +18,7 @@ from delayapp.core.cancel import CancelRequest, applies_to
 from delayapp.core.errors import HeaderError
 from delayapp.core.hop import LeanDelivery, LeanHop, LeanStep, record_size
 from delayapp.core.layout import TopicLayout
-from delayapp.core.partition import credible_awake_at
+from delayapp.core.partition import PartitionKey, Pending, credible_awake_at
 from delayapp.core.planner import Planner
 from delayapp.core.policies import (
     CREATE_TIME,
@@ -61,6 +61,13 @@ class Output:
 
 LeanOutput = LeanHop | LeanDelivery | LeanAdmitted
 """A lean step's write: the fetched record's key and value with the headers it names."""
+
+Decided = list[tuple[PartitionKey, Pending, list[Output] | LeanOutput]]
+"""A decide pass's records with their outputs, in write order (what a loop's tasks hand its writer)."""
+
+Refusal = tuple[DeadLetter, bool]
+"""Why a target refused a record for good, and whether even its dead letter was refused (its
+redo then dead-letters it without its value: :meth:`Handler.refused`'s ``drop_value``)."""
 
 
 class Handler(Protocol):

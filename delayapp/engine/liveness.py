@@ -18,14 +18,14 @@ partitions for stalled 90 s into a burst of 150,000 records, rewound them, reope
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from delayapp.core.clock import GuardedClock
-from delayapp.core.partition import AssignedPartitions, PartitionKey
+from delayapp.core.partition import PartitionKey
 from delayapp.engine.stats import LoopStats
+from delayapp.engine.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +45,13 @@ class LivenessCheck:
         self,
         *,
         label: str,
-        parts: AssignedPartitions,
-        state_lock: threading.Lock,
+        tasks: Tasks,
         stats: LoopStats,
         clock: GuardedClock,
         threshold_ms: int,
     ) -> None:
         self.label = label
-        self.parts = parts
-        self.state_lock = state_lock
+        self.tasks = tasks
         self.stats = stats
         self.clock = clock
         self.threshold_s = threshold_ms / 1000
@@ -69,8 +67,7 @@ class LivenessCheck:
         if now_s < self._next_s:
             return None
         self._next_s = now_s + WATCHDOG_S
-        with self.state_lock:
-            served, paused = list(self.parts.parts), set(self.parts.paused)
+        served, paused = self.tasks.served(), self.tasks.paused()
         fetching = [TopicPartition(t, p) for t, p in served if (t, p) not in paused]
         if fetching:
             consumer.resume(fetching)
@@ -79,20 +76,15 @@ class LivenessCheck:
             self._consumed, self._arrived_s = self.stats.consumed, now_s
         arriving = now_s - self._arrived_s <= threshold_s
         stalled = set()
-        for key in served:
-            with self.state_lock:
-                part = self.parts.parts.get(key)
-                if part is None or now_s - part.progress_s <= threshold_s or part.waiting(now):
-                    continue
+        for key in self.tasks.idle_too_long(now, now_s, threshold_s):
             # under read_committed librdkafka reports the last stable offset as the end
             try:
                 _, end = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
             except KafkaException:
                 end = None
-            with self.state_lock:
-                why = self.parts.stuck(key, now, end if end is not None and end >= 0 else None, arriving=arriving)
-                if why:
-                    part.progress_s = now_s
+            why = self.tasks.stuck(
+                key, now, end if end is not None and end >= 0 else None, arriving=arriving, now_s=now_s
+            )
             if why:
                 self.stats.stalls += 1
                 stalled.add(key)

@@ -6,9 +6,14 @@ duplicated 8-38 % (at_least_once) and wrote outputs outside the transaction
 thread of its own, started and stopped as a ``mode.Service`` inside the Faust worker: the
 Python work per record is the handler's, the client's work is librdkafka's, in C.
 
-What happens to the records is decided by the pure state machine
-:class:`delayapp.core.partition.AssignedPartitions` (queues, waits, release-ahead, the commit
-points, why a partition looks stuck); this module only fetches, pauses, writes and commits.
+A record's way, as Kafka Streams' StreamThread → TaskManager/StreamTask → RecordCollector,
+in four files, each called from the one before and never calling back: this loop fetches it
+(``consume()``) and hands it to its tasks (:mod:`delayapp.engine.tasks`: its partition's
+queue, in the pure state machine :class:`delayapp.core.partition.AssignedPartitions`, and
+its decision, through the pure core), hands what they release to the writer
+(:mod:`delayapp.engine.writer`) and asks the committer (:mod:`delayapp.engine.committer`)
+what is done, acting on its :class:`~delayapp.engine.committer.Outcome`. This module only
+fetches, pauses, writes and commits.
 When a partition's head is not due, only that partition waits: it is paused (unless records
 behind the head may be released ahead), the loop keeps serving the others, and resumes it when
 the head is due, so a wait longer than the session timeout never causes a rebalance and memory
@@ -53,8 +58,8 @@ from confluent_kafka import (
 from mode import Service
 
 from delayapp.core.clock import GuardedClock
-from delayapp.core.partition import AssignedPartitions, PartitionKey
-from delayapp.core.uncommitted import CommitPoint, written_not_committed
+from delayapp.core.partition import PartitionKey
+from delayapp.core.uncommitted import CommitPoint
 from delayapp.engine.capabilities import BrokerCapabilities
 from delayapp.engine.committer import (
     QUIET,
@@ -63,15 +68,13 @@ from delayapp.engine.committer import (
     EmitTimeout,
     ExactlyOnceCommitter,
     Outcome,
-    kafka_error,
 )
 from delayapp.engine.handler import Handler
 from delayapp.engine.health import LoopHealth
-from delayapp.engine.intake import FetchedRecord, Intake
 from delayapp.engine.liveness import LivenessCheck, LoopStalled
 from delayapp.engine.stats import LoopStats
-from delayapp.engine.step import Steps
-from delayapp.engine.writer import DECIDING, Step, Writer, refused_for_good
+from delayapp.engine.tasks import DelayTasks, FetchedRecord, IngressTasks, Tasks
+from delayapp.engine.writer import CountedEvent, Writer, refused_for_good
 from delayapp.settings import Guarantee, Settings
 
 __all__ = ["EmitTimeout", "FetchedRecord", "HopLoop", "LoopStalled", "LoopStats", "RouterLoop", "refused_for_good"]
@@ -82,17 +85,17 @@ librdkafka_log = logging.getLogger("delayapp.librdkafka")
 IDLE_POLL_MS = 100  # longest a poll blocks when nothing waits and nothing is in flight
 FETCH_QUEUE_BACKOFF_MS = 5  # how soon librdkafka fetches again for a partition whose read-ahead was full
 REBALANCE_TIMEOUT_MS = 15_000  # at least the session timeout
-INIT_TRANSACTIONS_SLICE_S = 1.0  # exactly_once: one call of init_transactions waits at most this long
 
 
 class HopLoop(Service):
     """Moves the records of one delay topic: wait, hop, deliver or dead-letter, then commit.
     The router's loop is a kind of its own (:class:`RouterLoop`)."""
 
-    #: the kind of loop: False for a delay topic's (records wait for their ``awakeAt``), True for
-    #: the router's (:class:`RouterLoop`: records admitted as they enter); set by the class,
-    #: never passed in
-    ingress: ClassVar[bool] = False
+    #: the kind of tasks the loop's records are decided by: a delay topic's (records wait for
+    #: their ``awakeAt``) here, the router's in :class:`RouterLoop`; set by the class, never passed in
+    tasks_kind: ClassVar[type[Tasks]] = DelayTasks
+    #: True where records enter delayapp (the router): their ``waiting`` step is published
+    entering: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -107,7 +110,7 @@ class HopLoop(Service):
         priority_topic: str | None = None,
         max_wait_ms: int = 0,
         clock: GuardedClock | None = None,
-        observer: Callable[[HopLoop, Step], None] | None = None,
+        observer: Callable[[HopLoop, CountedEvent], None] | None = None,
         hops_observer: Callable[[HopLoop, int], None] | None = None,
         broker: BrokerCapabilities | None = None,
         before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None = None,
@@ -139,26 +142,36 @@ class HopLoop(Service):
         self.states_topic = states_topic
         self.clock = clock if clock is not None else GuardedClock()
         self.stats = LoopStats()
-        self.exactly_once = settings.processing_guarantee is Guarantee.EXACTLY_ONCE
-        self.parts = AssignedPartitions(priority_topic=priority_topic, release_ahead=settings.release_ahead)
+        # the one place the guarantee is read: which committer the loop builds (see engine.committer)
+        self.committer_kind: type[Committer] = (
+            ExactlyOnceCommitter if settings.processing_guarantee is Guarantee.EXACTLY_ONCE else AtLeastOnceCommitter
+        )
+        self.tasks = self.tasks_kind(
+            label=name,
+            handler=handler,
+            stats=self.stats,
+            clock=self.clock,
+            max_wait_ms=max_wait_ms,
+            priority_topic=priority_topic,
+            release_ahead=settings.release_ahead,
+            # a delay topic's records are fetched from read_ahead (beyond the smallest denomination)
+            # before they wake, not as far as the read-ahead's bytes allow (PartitionState.should_pause)
+            horizon_ms=None if self.entering else settings.read_ahead_horizon_ms,
+            wants_targets=before_decide is not None,
+        )
         self.running = asyncio.Event()
         self.before_decide = before_decide
         self.targets_settled = targets_settled
         self.on_target_failed = on_target_failed
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
-        # built with the clients at each opening: the state of what they fetched and wrote
-        self._intake: Intake | None = None
+        # built with the clients at each opening: the state of what they wrote
         self._writer: Writer | None = None
         self._committer: Committer | None = None
-        self._state_lock = threading.Lock()  # the loop's partitions, against readers on the event loop
-        # a delay topic's records are fetched from read_ahead (beyond the smallest denomination)
-        # before they wake, not as far as the read-ahead's bytes allow (PartitionState.should_pause)
-        self._horizon_ms = None if self.ingress else settings.read_ahead_horizon_ms
+        self._ensure_targets: Callable[[set[str]], None] | None = None
         self._liveness = LivenessCheck(
             label=name,
-            parts=self.parts,
-            state_lock=self._state_lock,
+            tasks=self.tasks,
             stats=self.stats,
             clock=self.clock,
             threshold_ms=settings.liveness_threshold,
@@ -190,16 +203,12 @@ class HopLoop(Service):
 
     def pending_heads(self) -> dict[PartitionKey, int | None]:
         """For each partition holding fetched records: the ``awakeAt`` it waits for (None: due now)."""
-        with self._state_lock:
-            return self.parts.heads()
+        return self.tasks.heads()
 
     def health(self) -> LoopHealth:
         """What this loop shows of itself for the liveness and readiness views (read from any thread)."""
         thread, now, now_s = self._thread, self.clock(), time.monotonic()
-        with self._state_lock:
-            unmoved = max(
-                (now_s - part.progress_s for part in self.parts.parts.values() if part.ready(now)), default=0.0
-            )
+        unmoved = self.tasks.unmoved_due_s(now, now_s)
         return LoopHealth(
             name=self.name,
             thread_alive=thread is not None and thread.is_alive(),
@@ -210,8 +219,7 @@ class HopLoop(Service):
 
     def assignment(self) -> set[PartitionKey]:
         """The partitions this loop serves now, as (topic, partition)."""
-        with self._state_lock:
-            return set(self.parts.parts)
+        return self.tasks.served()
 
     # -- the service: a thread per loop ------------------------------------------------------------
 
@@ -299,18 +307,10 @@ class HopLoop(Service):
             "delivery.report.only.error": True,
             "on_delivery": partial(self._delivery_failed, session),
         }
-        if self.broker.idempotent and not self.exactly_once:
-            producer_config["enable.idempotence"] = True
-        if self.exactly_once:
-            producer_config.update(
-                {
-                    "transactional.id": f"{s.topic_prefix}.{self.name}.{s.worker_instance_id}",
-                    "transaction.timeout.ms": max(60_000, write_timeout),
-                }
-            )
-        self._producer = Producer({**producer_config, **overrides})
-        if self.exactly_once:
-            self._init_transactions(self._producer)
+        # what the guarantee adds (a transactional id, idempotence, the isolation level)
+        producer_extra, consumer_extra = self.committer_kind.client_config(s, name=self.name, broker=self.broker)
+        self._producer = Producer({**producer_config, **producer_extra, **overrides})
+        self.committer_kind.prepare(self._producer, settings=s, stopping=self._stopping, waiting=self._still_opening)
         self._consumer = Consumer(
             {
                 **common,
@@ -320,7 +320,6 @@ class HopLoop(Service):
                 # never reset silently: no commit → each assignment starts at the beginning (see
                 # _on_assign); a commit the log no longer holds → an alarm (see _reset)
                 "auto.offset.reset": "error",
-                "isolation.level": "read_committed" if self.exactly_once else "read_uncommitted",
                 "session.timeout.ms": s.session_timeout_ms,
                 "heartbeat.interval.ms": s.heartbeat_interval_ms,
                 # librdkafka sends this as the JoinGroup's rebalance timeout: a broker may wait that
@@ -335,6 +334,7 @@ class HopLoop(Service):
                 "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
                 "partition.assignment.strategy": "range",
                 "on_commit": self._committed,
+                **consumer_extra,
                 **overrides,
             }
         )
@@ -344,59 +344,34 @@ class HopLoop(Service):
             self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
 
-    def _init_transactions(self, producer: Producer) -> None:
-        """Fence this transactional id's earlier producer (and abort its open transaction), in
-        short calls: while the coordinator is away the loop keeps noticing a stop, and a call that
-        times out resumes where it was (librdkafka). Gives up after ``emit_timeout``."""
-        deadline = time.monotonic() + self.settings.emit_timeout / 1000
-        while True:
-            try:
-                producer.init_transactions(INIT_TRANSACTIONS_SLICE_S)
-                return
-            except KafkaException as exc:
-                error = kafka_error(exc)
-                if error is None or not error.retriable() or time.monotonic() >= deadline or self._stopping.is_set():
-                    raise
-                self.pass_at_s = time.monotonic()  # waiting for the coordinator is not a wedged loop
+    def _still_opening(self) -> None:
+        """Waiting for the broker while the clients open is not a wedged loop (the liveness probe)."""
+        self.pass_at_s = time.monotonic()
 
     def _wire(self, producer: Producer, consumer: Consumer) -> None:
-        """Build the intake, the writer and the committer of freshly opened clients."""
+        """Build the writer and the committer of freshly opened clients."""
         s = self.settings
         observer, hops_observer = self.observer, self.hops_observer
-        self._intake = Intake(
-            label=self.label,
-            handler=self.handler,
-            parts=self.parts,
-            state_lock=self._state_lock,
-            stats=self.stats,
-            clock=self.clock,
-            ingress=self.ingress,
-            max_wait_ms=self.max_wait_ms,
-            before_decide=_on_event_loop(self._aio, self.before_decide, self.targets_settled),
-        )
+        self._ensure_targets = _on_event_loop(self._aio, self.before_decide, self.targets_settled)
         writer = self._writer = Writer(
             label=self.label,
             producer=producer,
-            handler=self.handler,
             stats=self.stats,
             clock=self.clock,
             audit_topic=self.audit_topic,
             states_topic=self.states_topic,
-            ingress=self.ingress,
-            audit_hops=s.audit_hops,
-            publish_now=self.exactly_once,
+            dead_letter_topic=self.handler.layout.dead_letter,
+            publish_waiting=self.entering or s.audit_hops,
             observer=partial(observer, self) if observer is not None else None,
             hops_observer=partial(hops_observer, self) if hops_observer is not None else None,
             target_failed=_told_on_event_loop(self._aio, self.on_target_failed),
         )
-        committer_kind = ExactlyOnceCommitter if self.exactly_once else AtLeastOnceCommitter
-        self._committer = committer_kind(
+        self._committer = self.committer_kind(
             label=self.label,
             producer=producer,
             consumer=consumer,
             writer=writer,
-            parts=self.parts,
-            state_lock=self._state_lock,
+            tasks=self.tasks,
             stats=self.stats,
             settings=s,
             clock=self.clock,
@@ -419,10 +394,9 @@ class HopLoop(Service):
         if committer is not None:
             committer.close()
         self._consumer = self._producer = None
-        self._intake = self._writer = self._committer = None
+        self._writer = self._committer = self._ensure_targets = None
         self._session = None
-        with self._state_lock:
-            self.parts.forget(list(self.parts.parts))
+        self.tasks.forget(self.tasks.served())
         if producer is not None and producer_usable:
             producer.flush(1 if clean else 0)
         del consumer, producer, committer  # librdkafka handles are destroyed with their last reference
@@ -468,14 +442,11 @@ class HopLoop(Service):
             return
         now_s = time.monotonic()
         starts = []
-        with self._state_lock:
-            for tp in committed:
-                offset = tp.offset if tp.offset >= 0 else None
-                self.parts.adopt((tp.topic, tp.partition), offset, tp.metadata, now_s=now_s)
-                self._broker_commits[(tp.topic, tp.partition)] = (offset, tp.metadata or "")
-                starts.append(
-                    TopicPartition(tp.topic, tp.partition, offset if offset is not None else OFFSET_BEGINNING)
-                )
+        for tp in committed:
+            offset = tp.offset if tp.offset >= 0 else None
+            self.tasks.adopt((tp.topic, tp.partition), offset, tp.metadata, now_s=now_s)
+            self._broker_commits[(tp.topic, tp.partition)] = (offset, tp.metadata or "")
+            starts.append(TopicPartition(tp.topic, tp.partition, offset if offset is not None else OFFSET_BEGINNING))
         consumer.assign(starts)
         self._joined, self._joined_at = True, time.monotonic()
         self.stats.rebalances += 1
@@ -530,23 +501,21 @@ class HopLoop(Service):
         """Stop serving ``keys`` (revoked or lost, ``why``): what was written and not committed is
         reported, what was fetched is dropped."""
         self._report_uncommitted(keys, why)
-        with self._state_lock:
-            self.parts.forget(keys)
+        self.tasks.forget(keys)
         for key in keys:
             self._broker_commits.pop(key, None)
-        if self._writer is not None:
-            self._writer.forget(keys)
 
     # -- the loop -----------------------------------------------------------------------------------
 
     def _run(self) -> None:
         """The thread's loop: fetch, decide, write, commit, until the loop stops or fails.
 
-        Intake, liveness check and committer never call back into it: they return what the
-        loop must do (partitions to reset or rewind, commits confirmed), or raise to reopen."""
-        consumer, intake, writer, committer = self._consumer, self._intake, self._writer, self._committer
-        assert consumer is not None and intake is not None and writer is not None and committer is not None
-        steps = Steps(handler=self.handler, writer=writer, ingress=self.ingress, max_wait_ms=self.max_wait_ms)
+        Tasks, liveness check and committer never call back into it: they return what the loop
+        must do (partitions to reset or rewind, targets to check, commits confirmed), or raise
+        to reopen."""
+        consumer, tasks, writer, committer = self._consumer, self.tasks, self._writer, self._committer
+        assert consumer is not None and writer is not None and committer is not None
+        ensure_targets = self._ensure_targets
         while not self._stopping.is_set():
             self.pass_at_s = time.monotonic()
             if self._broken is not None:
@@ -563,22 +532,25 @@ class HopLoop(Service):
             if served is not None:  # too much in flight: acknowledgements served instead of a fetch
                 self._act(served)
                 continue
+            # 1. fetch and queue on the partitions
             messages = consumer.consume(self.settings.max_batch, self._poll_timeout_ms() / 1000)
-            if messages:
-                resets = intake.take(messages)
-                if resets:
-                    self._reset(resets)
+            taken = tasks.take(messages) if messages else None
+            if taken is not None:
+                if taken.resets:
+                    self._reset(taken.resets)
+                if taken.targets and ensure_targets is not None:
+                    ensure_targets(taken.targets)  # the worker checks they exist before deciding
             if committer.busy:
                 # a transaction is ending (commit or abort): the consumer is served, nothing is
                 # decided until it has (or until it is given up and the loop reopens)
                 self._act(committer.after_pass(idle=True))
                 continue
-            with DECIDING, self._state_lock:
-                batch, offsets, new_waits = self.parts.decide(self.clock, steps, now_s=time.monotonic())
+            # 2. decide what is due; 3. write it; 4. acknowledge and commit what may be
+            batch, offsets, new_waits = tasks.decide(time.monotonic())
             self.stats.waits += new_waits
             if batch or offsets:
                 committer.begin(offsets, {key for key, _, _ in batch}, len(batch))
-                writer.emit(batch)
+                writer.emit(batch, careful=tasks.careful)
             outcome = committer.after_pass(idle=not (batch or offsets))
             if outcome is not QUIET:
                 self._act(outcome)
@@ -599,8 +571,7 @@ class HopLoop(Service):
         are in flight (their acknowledgements and the commit are served between polls)."""
         committer = self._committer
         idle = committer.poll_limit_ms(IDLE_POLL_MS) if committer is not None else IDLE_POLL_MS
-        with self._state_lock:
-            return self.parts.poll_timeout_ms(self.clock(), idle)
+        return self.tasks.poll_timeout_ms(self.clock(), idle)
 
     def _reset(self, keys: list[PartitionKey]) -> None:
         """Committed positions the log no longer holds: sound the alarm (records deleted by
@@ -612,12 +583,7 @@ class HopLoop(Service):
         # assign every served partition again, these from the start of their log, the others
         # from their commits (what was fetched since is fetched again)
         self._report_uncommitted(self.assignment() - set(keys), "rewound", to_broker_commit=False)
-        now_s = time.monotonic()
-        with self._state_lock:
-            for key in keys:
-                if key in self.parts.parts:
-                    self.parts.adopt(key, None, None, now_s=now_s)
-            positions = self.parts.rewind(list(self.parts.parts), now_s=now_s)
+        positions = self.tasks.restart(keys, now_s=time.monotonic())
         self._pending_seeks.clear()
         consumer = self._consumer
         assert consumer is not None
@@ -632,9 +598,7 @@ class HopLoop(Service):
         """Log and count the records of ``key`` that retention deleted before they were forwarded."""
         consumer = self._consumer
         assert consumer is not None
-        with self._state_lock:
-            part = self.parts.parts.get(key)
-            position = part.next_offset if part is not None else None
+        position = self.tasks.position(key)
         low, _ = consumer.get_watermark_offsets(TopicPartition(*key), timeout=10)
         if position is not None and low >= 0:
             lost = max(0, low - position)
@@ -671,16 +635,12 @@ class HopLoop(Service):
         """Pause partitions that wait or hold enough unprocessed records or bytes; resume the rest."""
         consumer = self._consumer
         assert consumer is not None
-        with self._state_lock:
-            want = self.parts.wanted_pauses(
-                self.clock(),
-                max_records=self.settings.max_queued_records,
-                max_bytes=self.settings.max_queued_bytes,
-                min_records=2 * self.settings.max_batch,
-                horizon_ms=self._horizon_ms,
-            )
-            pause, resume = want - self.parts.paused, self.parts.paused - want
-            self.parts.paused = want
+        pause, resume = self.tasks.pauses(
+            self.clock(),
+            max_records=self.settings.max_queued_records,
+            max_bytes=self.settings.max_queued_bytes,
+            min_records=2 * self.settings.max_batch,
+        )
         if pause:
             consumer.pause([TopicPartition(t, p) for t, p in pause])
         if resume:
@@ -692,7 +652,7 @@ class HopLoop(Service):
         consumer = self._consumer
         assert consumer is not None
         self._pending_seeks.pop(key, None)
-        if key not in self.parts.parts:
+        if not self.tasks.serves(key):
             return
         tp = TopicPartition(key[0], key[1], OFFSET_BEGINNING if position is None else position)
         try:
@@ -705,8 +665,7 @@ class HopLoop(Service):
     def _rewind(self, partitions: set[PartitionKey]) -> None:
         """Drop what was fetched for ``partitions`` and fetch again from their last commit."""
         self._report_uncommitted(partitions, "rewound", to_broker_commit=False)
-        with self._state_lock:
-            positions = self.parts.rewind(partitions, now_s=time.monotonic())
+        positions = self.tasks.rewind(partitions, now_s=time.monotonic())
         self.stats.rewinds += len(positions)
         for key, position in positions.items():
             self._seek(key, position)
@@ -724,35 +683,23 @@ class HopLoop(Service):
         """Records this loop wrote that the broker's commits do not cover yet: what its partitions'
         next owners would write again if this worker died now (read from any thread)."""
         commits = dict(self._broker_commits)  # a copy: the loop's thread updates it
-        with self._state_lock:
-            return sum(
-                written_not_committed(
-                    part,
-                    commits.get(key, (part.committed, part.committed_metadata)),
-                    metadata_kept=self.broker.commit_metadata_kept,
-                )
-                for key, part in self.parts.parts.items()
-            )
+        return self.tasks.written_uncommitted(None, commits, metadata_kept=self.broker.commit_metadata_kept)
 
     def _report_uncommitted(self, keys: Iterable[PartitionKey], why: str, *, to_broker_commit: bool = True) -> int:
         """Count, log and add to the stats the records of ``keys`` this loop wrote and did not
         commit, which whoever serves them next writes again (the ceiling of the duplicates this
         event causes under at_least_once): beyond the commit the broker holds (a partition lost or
         revoked), or beyond the loop's own last commit (a rewind, which seeks there)."""
-        count = dropped_metadata = 0
-        with self._state_lock:
-            for key in keys:
-                part = self.parts.parts.get(key)
-                if part is None:
-                    continue
-                if to_broker_commit:
-                    commit = self._broker_commits.get(key, (part.committed, part.committed_metadata))
-                    written = written_not_committed(part, commit, metadata_kept=self.broker.commit_metadata_kept)
-                    count += written
-                    if not self.broker.commit_metadata_kept:  # told apart: only dropped metadata re-sends these
-                        dropped_metadata += written - written_not_committed(part, commit, metadata_kept=True)
-                else:  # a rewind carries what the loop's own commit metadata says was released ahead
-                    count += written_not_committed(part, (part.committed, part.committed_metadata))
+        keys, dropped_metadata = list(keys), 0
+        if to_broker_commit:
+            kept = self.broker.commit_metadata_kept
+            count = self.tasks.written_uncommitted(keys, self._broker_commits, metadata_kept=kept)
+            if not kept:  # told apart: only dropped metadata re-sends these
+                dropped_metadata = count - self.tasks.written_uncommitted(
+                    keys, self._broker_commits, metadata_kept=True
+                )
+        else:  # a rewind carries what the loop's own commit metadata says was released ahead
+            count = self.tasks.written_uncommitted(keys, None, metadata_kept=True)
         if count:
             self.stats.written_uncommitted += count
             log.warning(
@@ -772,7 +719,8 @@ class RouterLoop(HopLoop):
     ingress topic, whose ``awakeAt`` is a producer's and never waited for, and routes each to its
     first delay topic or its target."""
 
-    ingress = True
+    tasks_kind = IngressTasks
+    entering = True
 
 
 def _on_event_loop(
@@ -780,7 +728,7 @@ def _on_event_loop(
     before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None,
     targets_settled: Callable[[set[str]], bool] | None,
 ) -> Callable[[set[str]], None] | None:
-    """The intake's hook for the target topics a fetched batch names (None: there is none): runs
+    """The loop's hook for the target topics a fetched batch names (None: there is none): runs
     ``before_decide`` on the worker's event loop ``aio`` and waits for it, unless
     ``targets_settled`` (asked on the loop's thread: no round trip) says there is nothing to do."""
     if before_decide is None or aio is None:

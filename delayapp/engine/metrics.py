@@ -212,7 +212,7 @@ class EngineMetrics:
         """Account for one audit event written by ``hop_loop`` (on that loop's thread)."""
         tally = self.tallies.of(hop_loop.name)
         status = event.status
-        if hop_loop.ingress and event.retries and status in (RecordStatus.WAITING, RecordStatus.DELIVERED):
+        if hop_loop.entering and event.retries and status in (RecordStatus.WAITING, RecordStatus.DELIVERED):
             tally.retries += 1
         if status == RecordStatus.WAITING:
             tally.hop_writes += 1

@@ -99,7 +99,7 @@ def test_a_rewind_returns_to_the_commit_and_hands_the_point_out_again() -> None:
 
 
 def test_fetched_to_is_where_a_redo_catches_up_with_what_was_fetched() -> None:
-    # a write refused for good makes the redo careful up to there (engine.writer.Writer.drop_writes)
+    # a write refused for good makes the redo careful up to there (engine.tasks.Tasks.redo)
     parts = assigned(MAIN, LANE, committed=3)
     parts.add(MAIN, fetched(3, 4))
     assert parts.fetched_to([MAIN, LANE, ("unknown", 0)]) == {MAIN: 5, LANE: 3}

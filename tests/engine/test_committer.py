@@ -3,19 +3,18 @@ broker never answers, and nothing here waits for it)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 
 import pytest
 from confluent_kafka import Consumer, Producer
 
 from delayapp.core.clock import GuardedClock
-from delayapp.core.partition import AssignedPartitions
 from delayapp.core.planner import Planner
 from delayapp.engine.committer import MAX_IN_FLIGHT_BATCHES, QUIET, AtLeastOnceCommitter
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.service import build_policy
 from delayapp.engine.stats import LoopStats
+from delayapp.engine.tasks import DelayTasks
 from delayapp.engine.writer import Writer
 from delayapp.settings import load_settings
 
@@ -34,26 +33,34 @@ def make_committer() -> Iterator[Callable[[int], AtLeastOnceCommitter]]:
         producer = Producer({"bootstrap.servers": NOWHERE, "log_level": 0})
         consumer = Consumer({"bootstrap.servers": NOWHERE, "group.id": "cmt", "log_level": 0})
         consumers.append(consumer)
-        parts, lock, stats, clock = AssignedPartitions(), threading.Lock(), LoopStats(), GuardedClock()
+        stats, clock = LoopStats(), GuardedClock()
+        tasks = DelayTasks(
+            label="cmt",
+            handler=handler,
+            stats=stats,
+            clock=clock,
+            max_wait_ms=1_000,
+            priority_topic=None,
+            release_ahead=True,
+            horizon_ms=None,
+            wants_targets=False,
+        )
         writer = Writer(
             label="cmt",
             producer=producer,
-            handler=handler,
             stats=stats,
             clock=clock,
             audit_topic=layout.audit,
             states_topic=layout.record_states,
-            ingress=False,
-            audit_hops=False,
-            publish_now=False,
+            dead_letter_topic=layout.dead_letter,
+            publish_waiting=False,
         )
         return AtLeastOnceCommitter(
             label="cmt",
             producer=producer,
             consumer=consumer,
             writer=writer,
-            parts=parts,
-            state_lock=lock,
+            tasks=tasks,
             stats=stats,
             settings=settings,
             clock=clock,

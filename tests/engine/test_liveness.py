@@ -147,8 +147,8 @@ async def test_a_loop_holds_what_falls_due_soon_not_the_backlog(bootstrap: str) 
     )
     s = hop_loop.settings
     try:
-        await wait_for(lambda: hop_loop.parts.paused, 30, "the partition paused behind its waiting records")
-        held = sum(len(part.queue) for part in hop_loop.parts.parts.values())
+        await wait_for(lambda: hop_loop.tasks.paused(), 30, "the partition paused behind its waiting records")
+        held = sum(len(part.queue) for part in hop_loop.tasks.parts.parts.values())
         assert 0 < held <= s.max_batch, f"{held} records held, waking in 50 s"
         assert hop_loop.stats.hops == hop_loop.stats.delivered == 0
     finally:

@@ -29,8 +29,8 @@ def samples(metrics: EngineMetrics) -> dict[tuple[str, tuple[tuple[str, str], ..
 
 def test_a_scrape_adds_up_what_each_loop_counted() -> None:
     metrics = EngineMetrics()
-    router = SimpleNamespace(name="router", ingress=True)
-    one_s = SimpleNamespace(name="delay-1s", ingress=False)
+    router = SimpleNamespace(name="router", entering=True)
+    one_s = SimpleNamespace(name="delay-1s", entering=False)
     metrics.observe(router, event(RecordStatus.WAITING, retries=2, hops=1))
     metrics.observe(router, event(RecordStatus.DEAD_LETTERED, reason="oversize"))
     metrics.observe_hops(one_s, 10)
@@ -64,7 +64,7 @@ def test_a_scrape_adds_up_what_each_loop_counted() -> None:
 
 def test_loops_counting_on_their_threads_lose_nothing_while_scraped() -> None:
     metrics = EngineMetrics()
-    loops = [SimpleNamespace(name=f"delay-{n}s", ingress=False) for n in range(4)]
+    loops = [SimpleNamespace(name=f"delay-{n}s", entering=False) for n in range(4)]
 
     def deliver(loop: SimpleNamespace) -> None:
         for i in range(5_000):
