@@ -49,6 +49,7 @@ MODULES: tuple[str, ...] = (
     "delayapp.core.cancel",
     "delayapp.core.clock",
     "delayapp.core.event_json",
+    "delayapp.core.gates",
     "delayapp.core.hop",
     "delayapp.core.partition",
     "delayapp.core.planner",

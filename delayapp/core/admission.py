@@ -31,11 +31,12 @@ from typing import Final
 
 from delayapp.core import headers as h
 from delayapp.core.audit import RecordStatus, audit_seq
-from delayapp.core.cancel import CancelRequest, applies_to
+from delayapp.core.cancel import CancelRequest
 from delayapp.core.event_json import printable_text, write_event
+from delayapp.core.gates import OPEN, Gates
 from delayapp.core.hop import LeanHeaders, TargetNames, is_record_id_at, read_number
 from delayapp.core.planner import Planner
-from delayapp.core.policies import HOP, LOG_APPEND_TIME, Policy, decide, stable_record_id
+from delayapp.core.policies import ENTERED, HOP, LOG_APPEND_TIME, Policy, decide, due_at_entry, stable_record_id
 
 _REACTIVATE_AT: Final = h.REACTIVATE_AT
 _DELAY_MS: Final = h.DELAY_MS
@@ -114,9 +115,10 @@ class LeanAdmission:
         self.policy = policy
         self.max_overdue_ms = policy.max_overdue_ms
         self.topic_of = topic_of
-        self.cancellations = cancellations
-        self.known_topics = known_topics
-        self.max_record_bytes = max_record_bytes
+        # the gates every path runs before deciding, in the same order (delayapp.core.gates)
+        self.gates = Gates(
+            policy=policy, cancellations=cancellations, known_topics=known_topics, max_record_bytes=max_record_bytes
+        )
         self._topics: dict[int, str] = {}
         self._targets = TargetNames()
 
@@ -135,7 +137,8 @@ class LeanAdmission:
         """The first hop at ``now`` of the ingress record read at ``offset`` of partition
         ``where`` (topic, partition), of ``size`` bytes (headers counted), written at
         ``timestamp`` of ``timestamp_type``; None: the full path decides."""
-        if value is None or size > self.max_record_bytes or timestamp_type != LOG_APPEND_TIME or timestamp <= 0:
+        gates = self.gates
+        if gates.record(value, size) != OPEN or timestamp_type != LOG_APPEND_TIME or timestamp <= 0:
             return None
         raw_due: bytes | None = None
         raw_delay: bytes | None = None
@@ -164,21 +167,20 @@ class LeanAdmission:
                 raw_id = raw
             else:
                 kept.append((name, raw))
-        # 1. when: reactivateAt, or delayMs after the broker appended it (never both)
+        # 1. when: reactivateAt, or delayMs after the broker appended it (never both), as the
+        # full path's admit() fixes it (validAt is the full path's)
+        reactivate_at: int | None = None
+        delay_ms: int | None = None
         if raw_due is not None:
-            if raw_delay is not None:
+            reactivate_at = _number(raw_due)
+            if not _MIN_TIME <= reactivate_at <= _MAX_TIME:
                 return None
-            due = _number(raw_due)
-            if not _MIN_TIME <= due <= _MAX_TIME:
+        if raw_delay is not None:
+            delay_ms = _number(raw_delay)
+            if not 0 <= delay_ms <= _MAX_TIME:
                 return None
-        elif raw_delay is not None:
-            delay = _number(raw_delay)
-            if not 0 <= delay <= _MAX_TIME:
-                return None
-            due = timestamp + delay
-        else:
-            return None
-        if now - due > self.max_overdue_ms:
+        entry, due = due_at_entry(now, timestamp, reactivate_at, delay_ms, None, self.max_overdue_ms)
+        if entry != ENTERED:
             return None
         # 2. who: its own id, or one derived from where it entered
         if raw_id is None:
@@ -187,11 +189,10 @@ class LeanAdmission:
             record_id = raw_id.decode("ascii")
         else:
             return None
-        # 3. where to, as route() decides it for a record that has just entered
+        # 3. where to; then the gates every path runs before deciding (a pending cancel, the
+        # target's policy), with nothing to wait for: it has just entered
         target = self._targets.of(raw_target)
-        if target is None or self.policy.check_target(target, self.known_topics()) is not None:
-            return None
-        if applies_to(self.cancellations(record_id), timestamp):
+        if target is None or gates.step(record_id, timestamp, None, now, target) is not None:
             return None
         # the one decision (the full path's route() asks it too) of a record just admitted: no
         # retry yet, no validAt, expireAt or rate-limit slot (those are the full path's); any
@@ -236,4 +237,5 @@ class LeanAdmission:
             None,
             None,
         )
+        assert value is not None  # a tombstone stopped at the gates
         return LeanAdmitted(topic, key, value, kept, record_id, now, encoded)

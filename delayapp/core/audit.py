@@ -11,8 +11,8 @@ read, and the compacted ``<prefix>.record-states``, which the read model folds
 * its statuses (:class:`RecordStatus`) and which of them are final (:data:`FINAL`);
 * the order of one record's steps (:func:`audit_seq` when written, :func:`step_order` when folded);
 * the fields the read model keeps (:data:`READ_MODEL_FIELDS`);
-* its JSON (:meth:`AuditEvent.encode`), written by :func:`delayapp.core.event_json.encode_event`,
-  which the lean paths call too: the one encoder of the format.
+* its JSON (:meth:`AuditEvent.encode`), written by :func:`delayapp.core.event_json.write_event`,
+  which the lean paths call too: the one writer of the format.
 
 The JSON is a wire format: existing topics hold it, so a field is only ever added, never
 renamed, retyped or reordered. On the audit stream a record holds the events of many steps,
@@ -32,7 +32,7 @@ from typing import Annotated, Any
 
 import orjson
 
-from delayapp.core.event_json import encode_event, step_seq
+from delayapp.core.event_json import json_text, optional_text, step_seq, write_event
 
 
 class RecordStatus(str, enum.Enum):
@@ -113,26 +113,28 @@ class AuditEvent:
         """JSON bytes with where the record now is (the topic/partition/offset it was written
         to; all None when nothing was written, as for a cancelled record). ``by`` is written
         only when set: a step's JSON stays byte for byte what it was before the field. Written
-        by :func:`delayapp.core.event_json.encode_event`, the one encoder of this format."""
-        return encode_event(
-            self.record_id,
+        by :func:`delayapp.core.event_json.write_event`, the one writer of this format, each
+        text escaped once here."""
+        target = optional_text(self.target)
+        return write_event(
+            json_text(self.record_id),
             self.status,
             self.at,
             self.seq,
             self.retries,
             self.hops,
-            self.target,
+            target,
             self.awake_at,
             self.reactivate_at,
             self.lateness_ms,
-            self.reason,
-            self.source,
+            optional_text(self.reason),
+            optional_text(self.source),
             self.priority,
             self.throttled_until,
             self.delayed_at,
             self.replays,
-            self.by,
-            topic,
+            optional_text(self.by),
+            target if topic is self.target else optional_text(topic),  # a delivery is written to its target
             partition,
             offset,
         )

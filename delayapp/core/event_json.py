@@ -3,18 +3,19 @@
 :meth:`delayapp.core.audit.AuditEvent.encode` (every step the full path decides, and the HTTP
 API's ``requested`` calls), the lean hop's delivery (:mod:`delayapp.core.hop`) and the router's
 lean admission (:mod:`delayapp.core.admission`) all write an event through :func:`write_event`,
-field by field in the order :data:`delayapp.core.audit.WIRE_FIELDS` declares (a test holds the
-two together, and holds the bytes to those ``orjson`` wrote of the event as a dict before).
+the one writer, field by field in the order :data:`delayapp.core.audit.WIRE_FIELDS` declares
+(a test holds the two together, and holds the bytes to those ``orjson`` wrote of the event as
+a dict before).
 
 Written as text rather than through a dict: on the lean path a delivery's event cost 120k
 instructions that way, and about half as many as text (``bench.cpu`` under callgrind).
-:func:`encode_event` escapes each text as ``orjson`` did when the event was encoded as a dict
+Each caller escapes each text once, as ``orjson`` did when the event was encoded as a dict
 (one that is printable ASCII without ``"`` or ``\\``, as record ids, topic names,
-``topic/partition/offset`` sources, statuses and reasons are, is written as is), then
-:func:`write_event` writes the event. The lean paths call :func:`write_event` directly with
-texts they have checked already (topic names; a record id through :func:`printable_text`):
-checking them again was a tenth of a delivery. Compiled with mypyc (:mod:`delayapp.compiled`):
-the lean paths call it natively.
+``topic/partition/offset`` sources, statuses and reasons are, is written as is):
+:meth:`~delayapp.core.audit.AuditEvent.encode` through :func:`json_text`, the lean paths only
+what they have not checked already (topic names are; a record id goes through
+:func:`printable_text`): checking them again was a tenth of a delivery. Compiled with mypyc
+(:mod:`delayapp.compiled`): the lean paths call it natively.
 """
 
 from __future__ import annotations
@@ -43,59 +44,13 @@ def step_seq(retries: int, hops: int, stage: int) -> int:
     return (retries * 1_000_000 + hops) * 10 + stage
 
 
+def optional_text(value: str | None) -> str | None:
+    """:func:`json_text` of ``value``, or None."""
+    return None if value is None else json_text(value)
+
+
 def _number_or_null(value: int | None) -> str:
     return "null" if value is None else str(value)
-
-
-def encode_event(
-    record_id: str,
-    status: str,
-    at: int,
-    seq: int,
-    retries: int,
-    hops: int,
-    target: str | None,
-    awake_at: int | None,
-    reactivate_at: int | None,
-    lateness_ms: int | None,
-    reason: str | None,
-    source: str | None,
-    priority: bool,
-    throttled_until: int | None,
-    delayed_at: int | None,
-    replays: int,
-    by: str | None,
-    topic: str | None,
-    partition: int | None,
-    offset: int | None,
-) -> bytes:
-    """The JSON bytes of one event: the fields of :class:`delayapp.core.audit.AuditEvent` in
-    their order, then where its record was written (``topic``, ``partition``, ``offset``);
-    every text escaped (:func:`json_text`), then written by :func:`write_event`."""
-    checked_target = None if target is None else json_text(target)
-    return write_event(
-        json_text(record_id),
-        status,
-        at,
-        seq,
-        retries,
-        hops,
-        checked_target,
-        awake_at,
-        reactivate_at,
-        lateness_ms,
-        None if reason is None else json_text(reason),
-        None if source is None else json_text(source),
-        priority,
-        throttled_until,
-        delayed_at,
-        replays,
-        None if by is None else json_text(by),
-        # a delivery is written to its target: checked once
-        checked_target if topic is target else None if topic is None else json_text(topic),
-        partition,
-        offset,
-    )
 
 
 def write_event(
@@ -120,10 +75,13 @@ def write_event(
     partition: int | None,
     offset: int | None,
 ) -> bytes:
-    """The event as :func:`encode_event` writes it, its texts written as they are given:
-    each must be as :func:`json_text` returns it. The one writer of the format. ``by`` (a
-    write call's caller) is written only when set: a step's JSON stays byte for byte what it
-    was before that field was added."""
+    """The JSON bytes of one event: the fields of :class:`delayapp.core.audit.AuditEvent` in
+    their order, then where its record was written (``topic``, ``partition``, ``offset``).
+    The one writer of the format. Its texts are written as they are given: each must be as
+    :func:`json_text` returns it (the caller escapes each once: :func:`json_text`,
+    :func:`optional_text`, or :func:`printable_text` for a text known to be printable ASCII).
+    ``by`` (a write call's caller) is written only when set: a step's JSON stays byte for byte
+    what it was before that field was added."""
     # a text that may be null is written as {quote}{text}{quote}: the quotes, or "null" bare,
     # with no string built for it (the lean paths write an event per delivery)
     if target is None:

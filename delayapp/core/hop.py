@@ -37,9 +37,10 @@ from mypy_extensions import i64
 
 from delayapp.core import headers as h
 from delayapp.core.audit import STAGE, RecordStatus
-from delayapp.core.cancel import CancelRequest, applies_to
+from delayapp.core.cancel import CancelRequest
 from delayapp.core.errors import HeaderError
 from delayapp.core.event_json import printable_text, step_seq, write_event
+from delayapp.core.gates import OPEN, Gates
 from delayapp.core.planner import Planner
 from delayapp.core.policies import DELIVER, HOLD, HOP, Policy, Wait, decide
 
@@ -438,10 +439,11 @@ class LeanStep:
         max_record_bytes: int = 1_048_576,
     ) -> None:
         self.planner = planner
-        self.max_record_bytes = max_record_bytes
         self.policy = policy
-        self.cancellations = cancellations
-        self.known_topics = known_topics
+        # the gates every path runs before deciding, in the same order (delayapp.core.gates)
+        self.gates = Gates(
+            policy=policy, cancellations=cancellations, known_topics=known_topics, max_record_bytes=max_record_bytes
+        )
         self.priority_lane = priority_lane
         self.deliveries = deliveries
         self._topics: dict[tuple[int, bool], str] = {}
@@ -461,7 +463,7 @@ class LeanStep:
         """The step of a delay topic's record of ``size`` bytes whose value is ``value``, as
         :meth:`__call__` answers it, or None for a tombstone or an oversized record (refused on
         the full path)."""
-        if value is None or size > self.max_record_bytes:
+        if self.gates.record(value, size) != OPEN:
             return None
         return self(headers, now, where, offset, view)
 
@@ -477,14 +479,13 @@ class LeanStep:
             view = scan(headers)
             if view is None:
                 return None
-        # the target's policy at every step, as the full path's: a record written straight into
-        # a delay topic is held to the router's rules (a deployment has few targets: remembered)
+        # the target's name checked (a deployment has few targets: remembered), then the gates
+        # every path runs before deciding: a pending cancel, the target's policy (its awakeAt
+        # has come: the loop asks only then, believing it only as far as its topic allows)
         target = self._targets.of(view.raw_target)
         if target is None:
             return None
-        if self.policy.check_target(target, self.known_topics()) is not None:
-            return None
-        if applies_to(self.cancellations(view.record_id), view.delayed):
+        if self.gates.step(view.record_id, view.delayed, None, now, target) is not None:
             return None
         # the one decision (the full path's route() asks it too); a refusal is the full path's to explain
         kind, first, second = decide(

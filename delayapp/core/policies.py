@@ -171,6 +171,46 @@ def stable_record_id(topic: str, partition: int, offset: int, timestamp_ms: int)
 _URL_NAMESPACE = uuid.NAMESPACE_URL.bytes
 
 
+# What due_at_entry() answers, first of its two numbers: the record entered with a due time,
+# or why it cannot (the full path dead-letters it with that reason; the lean admission declines).
+ENTERED: Final = 0  # then its due time
+DUE_CONFLICTING: Final = 1  # both reactivateAt and delayMs
+DUE_MISSING: Final = 2  # none of reactivateAt, delayMs, validAt
+DUE_OVERDUE: Final = 3  # due more than max_overdue_ms before now (then the due time)
+
+
+def due_at_entry(
+    now: int,
+    entered: int,
+    reactivate_at: int | None,
+    delay_ms: int | None,
+    valid_at: int | None,
+    max_overdue_ms: int | None,
+) -> tuple[int, int]:
+    """The due time of a record entering through the ingress at ``now``, having entered at
+    ``entered`` (see :func:`admit`): its ``reactivateAt``, or ``delayMs`` after it entered (never
+    both), or its ``validAt`` alone; refused when it is more than ``max_overdue_ms`` (None: no
+    limit) in the past. The one rule the full path (:func:`admit`) and the router's lean
+    admission (:class:`delayapp.core.admission.LeanAdmission`) apply.
+
+    Answers ``(kind, due)``: :data:`ENTERED` with the due time, or a refusal
+    (:data:`DUE_CONFLICTING`, :data:`DUE_MISSING`, :data:`DUE_OVERDUE`); two machine
+    numbers, as :func:`decide` answers."""
+    if reactivate_at is not None:
+        if delay_ms is not None:
+            return DUE_CONFLICTING, 0
+        due = reactivate_at
+    elif delay_ms is not None:
+        due = entered + delay_ms
+    elif valid_at is not None:
+        due = valid_at
+    else:
+        return DUE_MISSING, 0
+    if max_overdue_ms is not None and now - due > max_overdue_ms:
+        return DUE_OVERDUE, due
+    return ENTERED, due
+
+
 def admit(
     state: DelayHeaders,
     *,
@@ -201,8 +241,6 @@ def admit(
     schedule applies even if the router reads the record later,
     and a timestamp ahead cannot make the record uncancellable.
     """
-    if state.reactivate_at is not None and state.delay_ms is not None:
-        return DeadLetter(Reason.CONFLICTING_DUE_TIME, "give either reactivateAt or delayMs, not both")
     if timestamp_type == LOG_APPEND_TIME and record_timestamp_ms > 0:
         # The broker's append time, even when ahead of our clock: counting from our
         # (earlier) now would release the record early by the broker's clock.
@@ -211,15 +249,12 @@ def admit(
         # never a producer's timestamp: a back-dated one is early
         entered = now_ms if seen_at_ms is None else seen_at_ms
         delayed_at = min(record_timestamp_ms, entered) if record_timestamp_ms > 0 else entered
-    if state.reactivate_at is not None:
-        due = state.reactivate_at
-    elif state.delay_ms is not None:
-        due = entered + state.delay_ms
-    elif state.valid_at is not None:
-        due = state.valid_at
-    else:
+    entry, due = due_at_entry(now_ms, entered, state.reactivate_at, state.delay_ms, state.valid_at, max_overdue_ms)
+    if entry == DUE_CONFLICTING:
+        return DeadLetter(Reason.CONFLICTING_DUE_TIME, "give either reactivateAt or delayMs, not both")
+    if entry == DUE_MISSING:
         return DeadLetter(Reason.MISSING_DUE_TIME, "no reactivateAt, delayMs or validAt header: when is it due?")
-    if max_overdue_ms is not None and now_ms - due > max_overdue_ms:
+    if entry == DUE_OVERDUE and max_overdue_ms is not None:
         return DeadLetter(
             Reason.OVERDUE,
             f"due {format_duration(now_ms - due)} ago, more than the {format_duration(max_overdue_ms)} accepted; "
@@ -318,6 +353,18 @@ def _refusal(kind: int, state: DelayHeaders, due: int, now_ms: int, policy: Poli
     )
 
 
+def ready(
+    policy: Policy, now: int, awake: int | None, target: str | None, known_topics: Container[str] | None
+) -> Wait | DeadLetter | None:
+    """Whether an admitted record may have its step decided at ``now``: a :class:`Wait` while
+    its ``awakeAt`` (``awake``) is to come, then the dead letter of a ``target`` the policy
+    refuses; None: decide it (:func:`decide`). :func:`route` asks it, and the gates every path
+    runs (:class:`delayapp.core.gates.Gates`) after the cancel check."""
+    if awake is not None and now < awake:
+        return Wait(awake)
+    return policy.check_target(target, known_topics)
+
+
 def route(
     state: DelayHeaders,
     *,
@@ -326,14 +373,12 @@ def route(
     policy: Policy,
     known_topics: Container[str] | None = None,
 ) -> Step:
-    """Decide the next step of an admitted record at ``now_ms`` (its wait, its target, then
-    :func:`decide`). Never releases early."""
-    if state.awake_at is not None and now_ms < state.awake_at:
-        return Wait(state.awake_at)
+    """Decide the next step of an admitted record at ``now_ms`` (its wait and its target,
+    :func:`ready`, then :func:`decide`). Never releases early."""
+    stop = ready(policy, now_ms, state.awake_at, state.reactivate_to_topic, known_topics)
+    if stop is not None:
+        return stop
     target = state.reactivate_to_topic
-    verdict = policy.check_target(target, known_topics)
-    if verdict is not None:
-        return verdict
     assert target is not None  # check_target refuses a record without a target
     if state.reactivate_at is None:
         return DeadLetter(Reason.MISSING_DUE_TIME, "no reactivateAt header on a delayed record")

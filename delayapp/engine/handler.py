@@ -14,8 +14,9 @@ from typing import Protocol
 from delayapp.core import headers as h
 from delayapp.core.admission import LeanAdmission, LeanAdmitted
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq, delivered, waiting
-from delayapp.core.cancel import CancelRequest, applies_to
+from delayapp.core.cancel import CancelRequest
 from delayapp.core.errors import HeaderError
+from delayapp.core.gates import OPEN, OVERSIZE, Gates
 from delayapp.core.hop import LeanDelivery, LeanHop, LeanStep, record_size
 from delayapp.core.layout import TopicLayout
 from delayapp.core.partition import PartitionKey, Pending, credible_awake_at
@@ -131,10 +132,18 @@ class RecordHandler(Handler):
         self._delay_topics = frozenset((*layout.delay_topics.values(), *layout.priority_topics.values()))
         # ingress records without broker time that wait in the router: when it first read them
         self._first_seen: dict[tuple[str, int, int], int] = {}
+        # the gates every path runs before deciding, in the same order (the lean ones ask them too)
+        self.gates = Gates(
+            policy=policy, cancellations=cancellations, known_topics=known_topics, max_record_bytes=max_record_bytes
+        )
+
+        def topic_of(denomination: int, priority: bool) -> str:
+            return layout.delay_topic(denomination, priority=priority)
+
         self.lean_step: LeanStep | None = LeanStep(
             planner=planner,
             policy=policy,
-            topic_of=lambda denomination, priority: layout.delay_topic(denomination, priority=priority),
+            topic_of=topic_of,
             cancellations=cancellations,
             known_topics=known_topics,
             priority_lane=priority_lane,
@@ -144,7 +153,7 @@ class RecordHandler(Handler):
         self.lean_admission: LeanAdmission | None = LeanAdmission(
             planner=planner,
             policy=policy,
-            topic_of=lambda denomination, priority: layout.delay_topic(denomination, priority=priority),
+            topic_of=topic_of,
             cancellations=cancellations,
             known_topics=known_topics,
             max_record_bytes=max_record_bytes,
@@ -191,20 +200,12 @@ class RecordHandler(Handler):
         max_wait_ms: int,
     ) -> Wait | list[Output]:
         source = f"{record.topic}/{record.partition}/{record.offset}"
-        if record.value is None:
-            verdict = DeadLetter(
-                Reason.TOMBSTONE,
-                "null value (tombstone): a delayed delete would be applied out of order, so it is not delayed",
-            )
-            return [self.dead_letter(record, verdict, now=now, state=None)]
+        gates = self.gates
         size = record_size(record.key, record.value, record.headers)
-        if size > self.max_record_bytes:
-            verdict = DeadLetter(
-                Reason.OVERSIZE,
-                f"record of {size} bytes exceeds the {self.max_record_bytes} bytes accepted; "
-                f"value dropped here, original at {source}",
-            )
-            return [self.dead_letter(record, verdict, now=now, state=None, drop_value=True)]
+        gate = gates.record(record.value, size)  # a tombstone, then an oversized record
+        if gate != OPEN:
+            verdict = gates.refusal(gate, size, source)
+            return [self.dead_letter(record, verdict, now=now, state=None, drop_value=gate == OVERSIZE)]
         # At ingress, headers only delayapp writes are dropped before anything reads them
         # (see headers.strip_never_from_producer); dead letters still keep the record as sent.
         headers = h.strip_never_from_producer(record.headers)[0] if ingress else record.headers
@@ -233,7 +234,9 @@ class RecordHandler(Handler):
             if credible != state.awake_at:
                 state = state.evolve(awake_at=credible)
         retries, hops = state.time_retried or 0, state.delay_hops or 0
-        if applies_to(self.cancellations(state.record_id), state.delayed_at):
+        # a pending cancel, then an awakeAt to come, then the target's policy
+        stop = gates.step(state.record_id, state.delayed_at, state.awake_at, now, state.reactivate_to_topic)
+        if isinstance(stop, CancelRequest):
             event = AuditEvent(
                 state.record_id or source,
                 RecordStatus.CANCELLED,
@@ -249,6 +252,10 @@ class RecordHandler(Handler):
                 replays=state.time_replayed or 0,
             )
             return [Output(None, None, None, [], event)]
+        if isinstance(stop, Wait):
+            return stop
+        if isinstance(stop, DeadLetter):
+            return [self.dead_letter(record, stop, now=now, state=state)]
         step = route(state, now_ms=now, planner=self.planner, policy=self.policy, known_topics=self.known_topics())
         throttled_until = state.throttled_until
         if isinstance(step, Deliver) and self.slots is not None and throttled_until is None:

@@ -95,7 +95,7 @@ def test_the_steps_the_lean_paths_publish_encode_as_before(
 
 def test_the_encoder_writes_the_declared_fields_in_their_order() -> None:
     """WIRE_FIELDS (whence the Spark schema) and the encoder name the same fields in one order:
-    a field added to AuditEvent is added to encode_event, or this fails."""
+    a field added to AuditEvent is added to write_event, or this fails."""
     call = requested("r1", at=1, call="cancel", by="key:ops 10.0.0.1")
     assert tuple(orjson.loads(call.encode(None, None, None))) == _NAMES
     step = waiting(

@@ -207,3 +207,49 @@ def test_a_remainder_below_the_hold_threshold_is_held_not_re_enqueued() -> None:
     assert route(state, now_ms=NOW, planner=PLANNER, policy=holding) == Wait(state.reactivate_at)
     assert isinstance(route(state, now_ms=state.reactivate_at, planner=PLANNER, policy=holding), Deliver)
     assert isinstance(route(admitted(delay_ms=1_500), now_ms=NOW, planner=PLANNER, policy=holding), Enqueue)
+
+
+def test_due_at_entry_is_the_due_time_or_why_there_is_none() -> None:
+    """The one rule of an entering record's due time (admit() and the lean admission ask it)."""
+    due_at_entry = policies.due_at_entry
+    entered = NOW - 100
+    assert due_at_entry(NOW, entered, NOW + 5, None, NOW + 9, None) == (policies.ENTERED, NOW + 5)
+    assert due_at_entry(NOW, entered, None, 7_000, NOW + 9, None) == (policies.ENTERED, entered + 7_000)
+    assert due_at_entry(NOW, entered, None, None, NOW + 9, None) == (policies.ENTERED, NOW + 9)
+    assert due_at_entry(NOW, entered, NOW + 5, 7_000, None, None)[0] == policies.DUE_CONFLICTING
+    assert due_at_entry(NOW, entered, None, None, None, None)[0] == policies.DUE_MISSING
+    assert due_at_entry(NOW, entered, NOW - 1_001, None, None, 1_000) == (policies.DUE_OVERDUE, NOW - 1_001)
+    assert due_at_entry(NOW, entered, NOW - 1_000, None, None, 1_000) == (policies.ENTERED, NOW - 1_000)
+
+
+@given(
+    reactivate_at=st.none() | st.integers(NOW - 10_000, NOW + 10_000),
+    delay_ms=st.none() | st.integers(0, 10_000),
+    valid_at=st.none() | st.integers(NOW - 10_000, NOW + 10_000),
+    max_overdue_ms=st.none() | st.integers(0, 5_000),
+)
+def test_admit_fixes_the_due_time_due_at_entry_answers(
+    reactivate_at: int | None, delay_ms: int | None, valid_at: int | None, max_overdue_ms: int | None
+) -> None:
+    """admit() admits exactly when due_at_entry() does, with its due time, and refuses with its reason."""
+    state = DelayHeaders(
+        reactivate_to_topic="orders", reactivate_at=reactivate_at, delay_ms=delay_ms, valid_at=valid_at
+    )
+    entry, due = policies.due_at_entry(NOW, NOW - 100, reactivate_at, delay_ms, valid_at, max_overdue_ms)
+    result = admit(
+        state,
+        now_ms=NOW,
+        record_timestamp_ms=NOW - 100,
+        timestamp_type=LOG_APPEND_TIME,
+        record_id="rid",
+        max_overdue_ms=max_overdue_ms,
+    )
+    reasons = {
+        policies.DUE_CONFLICTING: Reason.CONFLICTING_DUE_TIME,
+        policies.DUE_MISSING: Reason.MISSING_DUE_TIME,
+        policies.DUE_OVERDUE: Reason.OVERDUE,
+    }
+    if entry == policies.ENTERED:
+        assert isinstance(result, DelayHeaders) and result.reactivate_at == due
+    else:
+        assert isinstance(result, DeadLetter) and result.reason == reasons[entry]
