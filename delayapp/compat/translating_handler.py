@@ -45,7 +45,7 @@ class TranslatingHandler(Handler):
         self.inner = inner
         self.translate = translate
         self.layout = inner.layout
-        self.lean_step = None  # a compat source is an ingress, whose records the full path admits
+        self.lean_decider = None  # a compat source is an ingress, whose records the full path admits
         self.lean_admission = None  # its records are translated first, on the full path
 
     def translated(self, record: ConsumedRecord, now: int) -> TranslatedRecord | DeadLetter:

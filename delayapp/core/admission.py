@@ -192,7 +192,7 @@ class LeanAdmission:
         # 3. where to; then the gates every path runs before deciding (a pending cancel, the
         # target's policy), with nothing to wait for: it has just entered
         target = self._targets.of(raw_target)
-        if target is None or gates.step(record_id, timestamp, None, now, target) is not None:
+        if target is None or gates.state(record_id, timestamp, None, now, target) is not None:
             return None
         # the one decision (the full path's route() asks it too) of a record just admitted: no
         # retry yet, no validAt, expireAt or rate-limit slot (those are the full path's); any

@@ -9,7 +9,7 @@ read, and the compacted ``<prefix>.record-states``, which the read model folds
 * its fields and their types (:class:`AuditEvent`, then :class:`Location` appended when it is
   written), flattened into :data:`WIRE_FIELDS`, from which the Spark schema is derived;
 * its statuses (:class:`RecordStatus`) and which of them are final (:data:`FINAL`);
-* the order of one record's steps (:func:`audit_seq` when written, :func:`step_order` when folded);
+* the order of one record's steps (:func:`audit_seq` when written, :func:`event_order` when folded);
 * the fields the read model keeps (:data:`READ_MODEL_FIELDS`);
 * its JSON (:meth:`AuditEvent.encode`), written by :func:`delayapp.core.event_json.write_event`,
   which the lean paths call too: the one writer of the format.
@@ -32,7 +32,7 @@ from typing import Annotated, Any
 
 import orjson
 
-from delayapp.core.event_json import json_text, optional_text, step_seq, write_event
+from delayapp.core.event_json import event_seq, json_text, optional_text, write_event
 
 
 class RecordStatus(str, enum.Enum):
@@ -200,8 +200,8 @@ call's caller: a call is no state)."""
 
 def audit_seq(retries: int, hops: int, status: RecordStatus) -> int:
     """Order of a step within a logical record's life: retries, then hops, then stage
-    (:func:`delayapp.core.event_json.step_seq`, which the lean paths call with the stage)."""
-    return step_seq(retries, hops, STAGE[status])
+    (:func:`delayapp.core.event_json.event_seq`, which the lean paths call with the stage)."""
+    return event_seq(retries, hops, STAGE[status])
 
 
 def delivered(
@@ -321,7 +321,7 @@ def is_final(state: Any) -> bool:
     return isinstance(state, dict) and state.get("status") in FINAL
 
 
-def step_order(event: dict[str, Any]) -> tuple[int, int, bool, int]:
+def event_order(event: dict[str, Any]) -> tuple[int, int, bool, int]:
     """How far along its life a decoded ``event`` puts a record: its retry generation first,
     then how many times it was replayed from the dead-letter topic, then whether it left
     delayapp (delivered, dead-lettered, cancelled), then its ``seq``.

@@ -38,7 +38,7 @@ def printable_text(value: str) -> str:
     return value
 
 
-def step_seq(retries: int, hops: int, stage: int) -> int:
+def event_seq(retries: int, hops: int, stage: int) -> int:
     """An event's ``seq``: the order of a step within a logical record's life, by retries, then
     hops, then its stage within the hop (:data:`delayapp.core.audit.STAGE`, by status)."""
     return (retries * 1_000_000 + hops) * 10 + stage

@@ -1,7 +1,7 @@
 """The gates a record passes before its step is decided: the one sequence every path runs.
 
 Every path that takes a record a step (the full path, :class:`delayapp.engine.handler.RecordHandler`;
-the lean step of a delay topic's record, :class:`delayapp.core.hop.LeanStep`; the router's
+the lean decider of a delay topic's record, :class:`delayapp.core.hop.LeanDecider`; the router's
 lean admission, :class:`delayapp.core.admission.LeanAdmission`) asks :class:`Gates`, in this
 order, before :func:`delayapp.core.policies.decide`:
 
@@ -9,15 +9,15 @@ order, before :func:`delayapp.core.policies.decide`:
    over ``max_record_bytes``;
 2. (the full path decodes the headers, the router admits the record: its due time,
    :func:`delayapp.core.policies.due_at_entry`)
-3. :meth:`Gates.step`: a pending cancel of the record, then an ``awakeAt`` still to come, then
+3. :meth:`Gates.state`: a pending cancel of the record, then an ``awakeAt`` still to come, then
    a target the policy refuses (those two: :func:`delayapp.core.policies.ready`, which
    :func:`delayapp.core.policies.route` asks too).
 
 :meth:`Gates.record` answers a number (:data:`OPEN`, or what stopped the record) and
-:meth:`Gates.step` None for a record that passes: compiled, a lean path asks without an
+:meth:`Gates.state` None for a record that passes: compiled, a lean path asks without an
 allocation. A lean path declines any record a gate stops; the full path then asks the same
 gates and acts on their answer (the dead letter of :meth:`Gates.refusal`, the cancel, the
-wait or the target's dead letter :meth:`Gates.step` answers).
+wait or the target's dead letter :meth:`Gates.state` answers).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Gates:
             return OVERSIZE
         return OPEN
 
-    def step(
+    def state(
         self, record_id: str | None, delayed_at: int | None, awake: int | None, now: int, target: str | None
     ) -> CancelRequest | Wait | DeadLetter | None:
         """What stops an admitted record of ``record_id`` that entered at ``delayed_at``, wakes at

@@ -1,4 +1,4 @@
-"""The lean step of a delay worker: a record read from a delay topic, hopped on or delivered
+"""The lean decider of a delay worker: a record read from a delay topic, hopped on or delivered
 straight from its raw headers, with no decoded state and no output object.
 
 Almost every step a delay worker takes is one of two: an intermediate hop (5-7 per record on
@@ -8,7 +8,7 @@ of a record that is due. Each consults only some of its state: the due time and 
 the hop count, and, for the cancel check, the record id and its entry time; a delivery also
 the target, the headers it keeps and the replay count (``timeReplayed``, which its step
 carries). On a delay topic that state is one header, ``delayState``
-(:func:`delayapp.core.headers.pack`). :class:`LeanStep` reads those fields from it,
+(:func:`delayapp.core.headers.pack`). :class:`LeanDecider` reads those fields from it,
 checks them as :func:`delayapp.core.headers.decode` would, asks
 :func:`delayapp.core.policies.decide` (the rule the full path's ``route`` asks too) and answers a hop (the next delay
 topic and the same header list with ``delayState`` rewritten in place: its first two fields,
@@ -22,7 +22,7 @@ state given in plain headers (written by hand, or before the state was packed), 
 record or one past its retries, a delay beyond the maximum, a pending cancel, a target the
 policy refuses, a rate-limited delivery.
 The caller then takes the full path (:class:`delayapp.engine.handler.RecordHandler`), which
-decodes every header, applies every policy and dead-letters with the reason. So the lean step
+decodes every header, applies every policy and dead-letters with the reason. So the lean decider
 never decides differently from the full path, it only declines to decide (a property test
 holds the two together). It is asked only about a record whose ``awakeAt`` has come (the
 loop holds the others), and it reads the record's value only to refuse a tombstone.
@@ -39,7 +39,7 @@ from delayapp.core import headers as h
 from delayapp.core.audit import STAGE, RecordStatus
 from delayapp.core.cancel import CancelRequest
 from delayapp.core.errors import HeaderError
-from delayapp.core.event_json import printable_text, step_seq, write_event
+from delayapp.core.event_json import event_seq, printable_text, write_event
 from delayapp.core.gates import OPEN, Gates
 from delayapp.core.planner import Planner
 from delayapp.core.policies import DELIVER, HOLD, HOP, Policy, Wait, decide
@@ -47,11 +47,11 @@ from delayapp.core.policies import DELIVER, HOLD, HOP, Policy, Wait, decide
 RECORD_OVERHEAD_BYTES: Final = 70  # a record's framing in a v2 batch, at most
 HEADER_OVERHEAD_BYTES: Final = 10  # per header, beyond its name and value
 
-# What the lean step reads in a packed delayState, by field name: its place in h.PACKED_FIELDS
+# What the lean decider reads in a packed delayState, by field name: its place in h.PACKED_FIELDS
 # (the table h.pack writes by), from 1, so that a field out of that order or repeated shows as
 # a number not above the last. Those up to _LAST_KEPT are the ones a delivery keeps at the
 # target (the irremovable headers but recordId, which the table puts right after awakeAt and
-# delayHops). A field the lean step does not consult is checked by its kind (a count, or a
+# delayHops). A field the lean decider does not consult is checked by its kind (a count, or a
 # time) and carried as it is; one of another kind is the full path's.
 _KINDS: Final = {name: kind for kind, name in enumerate(h.PACKED_FIELDS, 1)}
 _HOPS: Final = _KINDS[h.DELAY_HOPS]
@@ -239,7 +239,7 @@ class TargetNames:
 
 
 class LeanView:
-    """What the lean step consults of a record, read from its headers in one pass (:func:`scan`).
+    """What the lean decider consults of a record, read from its headers in one pass (:func:`scan`).
 
     A plain class, not a named tuple: compiled, it is a C struct built without a Python call."""
 
@@ -300,7 +300,7 @@ class LeanView:
 
 
 def scan(headers: LeanHeaders) -> LeanView | None:
-    """The state the lean step consults, read in one pass over ``headers`` and the packed
+    """The state the lean decider consults, read in one pass over ``headers`` and the packed
     ``delayState`` among them (:func:`delayapp.core.headers.pack`) as
     :func:`delayapp.core.headers.decode` would accept it; None when a
     field is missing, repeated or malformed, when the state is not packed as the router packs
@@ -416,7 +416,7 @@ def scan(headers: LeanHeaders) -> LeanView | None:
     )
 
 
-class LeanStep:
+class LeanDecider:
     """Takes a delay topic's record one step from its raw headers (see the module's docstring);
     build once per worker.
 
@@ -485,7 +485,7 @@ class LeanStep:
         target = self._targets.of(view.raw_target)
         if target is None:
             return None
-        if self.gates.step(view.record_id, view.delayed, None, now, target) is not None:
+        if self.gates.state(view.record_id, view.delayed, None, now, target) is not None:
             return None
         # the one decision (the full path's route() asks it too); a refusal is the full path's to explain
         kind, first, second = decide(
@@ -521,7 +521,7 @@ class LeanStep:
             printable_text(view.record_id),
             "delivered",
             now,
-            step_seq(retries, view.hops, _DELIVERED_STAGE),
+            event_seq(retries, view.hops, _DELIVERED_STAGE),
             retries,
             view.hops,
             target,

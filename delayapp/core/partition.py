@@ -67,7 +67,7 @@ class Pending:
         self.size = size
         self.released = False
         self.headers = headers  # opaque here: the record's headers as the loop read them, if it keeps them apart
-        self.lean = lean  # opaque here: what the loop's lean step read of those headers, if anything
+        self.lean = lean  # opaque here: what the loop's lean decider read of those headers, if anything
 
     def __repr__(self) -> str:
         return f"Pending(offset={self.offset}, awake_at={self.awake_at}, size={self.size}, released={self.released})"

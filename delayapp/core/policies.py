@@ -149,7 +149,7 @@ class DeadLetter:
     detail: str
 
 
-Step = Wait | Enqueue | Deliver | DeadLetter
+Decision = Wait | Enqueue | Deliver | DeadLetter
 
 # A consumed record's ``timestamp_type`` (Kafka's record attribute): who set its timestamp.
 CREATE_TIME = 0  # the producer (any clock, possibly back-dated or ahead)
@@ -298,7 +298,7 @@ def decide(
 ) -> tuple[int, int, int]:
     """The next step at ``now`` of an admitted record with a valid target, no pending cancel
     and whose ``awakeAt`` has come: the one decision every path takes (:func:`route` for the
-    full path, :class:`delayapp.core.hop.LeanStep` and
+    full path, :class:`delayapp.core.hop.LeanDecider` and
     :class:`delayapp.core.admission.LeanAdmission` from their lean reading of the headers).
 
     ``due`` is its ``reactivateAt``, moved by ``validAt`` and ``throttledUntil`` (a reserved
@@ -372,7 +372,7 @@ def route(
     planner: Planner,
     policy: Policy,
     known_topics: Container[str] | None = None,
-) -> Step:
+) -> Decision:
     """Decide the next step of an admitted record at ``now_ms`` (its wait and its target,
     :func:`ready`, then :func:`decide`). Never releases early."""
     stop = ready(policy, now_ms, state.awake_at, state.reactivate_to_topic, known_topics)

@@ -20,14 +20,14 @@ of its own, so nothing can be lost behind a commit (the Faust table this replace
 rebalance).
 
 The fold: a tombstone forgets the id; a step not further along (by
-:func:`~delayapp.core.audit.step_order`) than the one held is ignored. Exactness rests on two things:
+:func:`~delayapp.core.audit.event_order`) than the one held is ignored. Exactness rests on two things:
 
 1. only committed steps are folded: under exactly_once an aborted batch's steps (a hop
    decided, then undone by a crash) can carry a higher ``seq`` than the step the redo really
    took, and would otherwise win for ever (the view reads read_committed);
 2. every step of one record id travels on one partition, so the fold sees a record's steps in
    the order they were committed; a redo under at_least_once can still commit a lower step
-   after a higher one, which :func:`~delayapp.core.audit.step_order` ranks right (a replayed
+   after a higher one, which :func:`~delayapp.core.audit.event_order` ranks right (a replayed
    dead letter's steps too, which start again at hop 0: the replay counter ranks them). Compaction
    keeps the latest write per id, which is a final step once every copy of the record has left
    delayapp.

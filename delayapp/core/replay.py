@@ -131,7 +131,7 @@ def replay_record_headers(
     (``recordId``, ``originatedAt``, ``timeRetried``...) and the user's own headers stay,
     so the record keeps its identity. ``timeReplayed`` counts the replays (one more than the
     dead letter's), so the read model ranks the record's new steps after its dead letter,
-    whatever their hops (:func:`delayapp.core.audit.step_order`). ``replayedFrom`` names the dead letter. With
+    whatever their hops (:func:`delayapp.core.audit.event_order`). ``replayedFrom`` names the dead letter. With
     ``delay_ms`` the record gets a new due time, ``now_ms + delay_ms``; otherwise it keeps
     its own (a due time already past is delivered at once, if the policies allow).
     """

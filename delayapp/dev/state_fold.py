@@ -5,7 +5,7 @@ A worker folds the partitions it owns into :class:`delayapp.statestore.disk.Disk
 harness reads the topic back through it to check the read model after a run, and the tests
 hold the disk store's fold to it. The rules of the fold are the read model's
 (:mod:`delayapp.core.readmodel`): a tombstone forgets the id; a step not further along
-(:func:`~delayapp.core.audit.step_order`) than the held one is ignored.
+(:func:`~delayapp.core.audit.event_order`) than the held one is ignored.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Any
 
 import orjson
 
-from delayapp.core.audit import step_order
+from delayapp.core.audit import event_order
 from delayapp.core.readmodel import state_of
 
 
 class RecordStateStore:
     """Record id (bytes) → its latest state, folded from ``record-states`` records.
 
-    States are kept as the raw JSON the engine wrote beside their :func:`step_order`, and
+    States are kept as the raw JSON the engine wrote beside their :func:`event_order`, and
     decoded only when asked for. Nothing expires: a fold lives as long as one check.
     """
 
@@ -54,7 +54,7 @@ class RecordStateStore:
         if value is None:
             return self._states.pop(key, None) is not None
         try:
-            order = step_order(orjson.loads(value))
+            order = event_order(orjson.loads(value))
         except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
             self.malformed += 1
             return False

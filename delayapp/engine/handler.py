@@ -17,7 +17,7 @@ from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq, delivered, 
 from delayapp.core.cancel import CancelRequest
 from delayapp.core.errors import HeaderError
 from delayapp.core.gates import OPEN, OVERSIZE, Gates
-from delayapp.core.hop import LeanDelivery, LeanHop, LeanStep, record_size
+from delayapp.core.hop import LeanDecider, LeanDelivery, LeanHop, record_size
 from delayapp.core.layout import TopicLayout
 from delayapp.core.partition import PartitionKey, Pending, credible_awake_at
 from delayapp.core.planner import Planner
@@ -25,11 +25,11 @@ from delayapp.core.policies import (
     CREATE_TIME,
     LOG_APPEND_TIME,
     DeadLetter,
+    Decision,
     Deliver,
     Enqueue,
     Policy,
     Reason,
-    Step,
     Wait,
     admit,
     route,
@@ -61,7 +61,7 @@ class Output:
 
 
 LeanOutput = LeanHop | LeanDelivery | LeanAdmitted
-"""A lean step's write: the fetched record's key and value with the headers it names."""
+"""A lean decider's write: the fetched record's key and value with the headers it names."""
 
 Decided = list[tuple[PartitionKey, Pending, list[Output] | LeanOutput]]
 """A decide pass's records with their outputs, in write order (what a loop's tasks hand its writer)."""
@@ -76,9 +76,9 @@ class Handler(Protocol):
     :class:`RecordHandler` and :class:`delayapp.compat.translating_handler.TranslatingHandler` implement."""
 
     layout: TopicLayout  # the loop reads the dead-letter topic from it
-    lean_step: LeanStep | None
-    """The lean step (:mod:`delayapp.core.hop`) the loop asks first about a delay topic's
-    record (:meth:`~delayapp.core.hop.LeanStep.take`; when it answers None, :meth:`handle`
+    lean_decider: LeanDecider | None
+    """The lean decider (:mod:`delayapp.core.hop`) the loop asks first about a delay topic's
+    record (:meth:`~delayapp.core.hop.LeanDecider.take`; when it answers None, :meth:`handle`
     decides); None: every record takes :meth:`handle`."""
     lean_admission: LeanAdmission | None
     """The lean admission (:mod:`delayapp.core.admission`) the router asks first about an
@@ -140,7 +140,7 @@ class RecordHandler(Handler):
         def topic_of(denomination: int, priority: bool) -> str:
             return layout.delay_topic(denomination, priority=priority)
 
-        self.lean_step: LeanStep | None = LeanStep(
+        self.lean_decider: LeanDecider | None = LeanDecider(
             planner=planner,
             policy=policy,
             topic_of=topic_of,
@@ -235,7 +235,7 @@ class RecordHandler(Handler):
                 state = state.evolve(awake_at=credible)
         retries, hops = state.time_retried or 0, state.delay_hops or 0
         # a pending cancel, then an awakeAt to come, then the target's policy
-        stop = gates.step(state.record_id, state.delayed_at, state.awake_at, now, state.reactivate_to_topic)
+        stop = gates.state(state.record_id, state.delayed_at, state.awake_at, now, state.reactivate_to_topic)
         if isinstance(stop, CancelRequest):
             event = AuditEvent(
                 state.record_id or source,
@@ -298,7 +298,7 @@ class RecordHandler(Handler):
         )
         return [Output(step.topic, record.key, record.value, h.encode(step.state, passthrough), event)]
 
-    def _throttle(self, step: Deliver, state: h.DelayHeaders, *, now: int, ticket: str) -> tuple[Step, int | None]:
+    def _throttle(self, step: Deliver, state: h.DelayHeaders, *, now: int, ticket: str) -> tuple[Decision, int | None]:
         """Deliver now if the target's rate allows, else wait for the slot reserved for this
         record; also returns the slot, if the record had to wait for one.
 

@@ -448,11 +448,13 @@ class DelayTasks(Tasks):
         return credible
 
     def _decision(self, key: PartitionKey, entry: Pending, now: int) -> Wait | list[Output] | LeanOutput:
-        lean_step = self.handler.lean_step
-        if lean_step is not None and not self.careful_until:
+        lean_decider = self.handler.lean_decider
+        if lean_decider is not None and not self.careful_until:
             message = entry.record
             if isinstance(message, Message):  # a hop or a delivery from raw headers
-                decided = lean_step.take(message.value(), entry.size, entry.headers, now, key, entry.offset, entry.lean)
+                decided = lean_decider.take(
+                    message.value(), entry.size, entry.headers, now, key, entry.offset, entry.lean
+                )
                 if decided is not None:
                     return decided
         return self.handler.handle(as_record(entry), now=now, ingress=False, max_wait_ms=self.max_wait_ms)

@@ -2,7 +2,7 @@
 
 One store per worker holds, for the ``record-states`` partitions it owns or owned:
 
-* ``s<partition><record id>`` → the state's :func:`~delayapp.core.audit.step_order` and due
+* ``s<partition><record id>`` → the state's :func:`~delayapp.core.audit.event_order` and due
   bucket, then the step's JSON as the engine wrote it (ids and times, never a payload; cut to
   :func:`~delayapp.core.readmodel.state_of` when read); keyed by partition first, so one
   partition's states are dropped with one range delete;
@@ -20,7 +20,7 @@ One store per worker holds, for the ``record-states`` partitions it owns or owne
 Each fetched batch of a partition is written as one RocksDB write batch together with its next
 offset, so the store never holds a state without the offset past it, nor the reverse: a worker
 killed at any point resumes from the offset its store holds and folds the same records again
-(folding is idempotent: :func:`step_order` ranks them). The fold itself is the read model's
+(folding is idempotent: :func:`event_order` ranks them). The fold itself is the read model's
 (:mod:`delayapp.core.readmodel`): a tombstone forgets the id, a step not further along than the
 held one is ignored; the tests hold it to :class:`delayapp.dev.state_fold.RecordStateStore`.
 
@@ -45,7 +45,7 @@ from typing import Any, cast
 import orjson
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 
-from delayapp.core.audit import RecordStatus, is_final, step_order
+from delayapp.core.audit import RecordStatus, event_order, is_final
 from delayapp.core.malformed import NO_KEY, NOT_JSON, state_problem
 from delayapp.core.numbers import json_int
 from delayapp.core.readmodel import RECENT_FINALS, state_of
@@ -325,7 +325,7 @@ class DiskStateStore:
             if problem is not None:
                 self._skip(malformed, index, *problem)
                 continue
-            order = step_order(event)
+            order = event_order(event)
             if held is not None:
                 _, held_bucket, held_order, _ = _read_head(held)
                 if order <= held_order:

@@ -21,6 +21,7 @@ from delayapp.core.layout import TopicLayout, topic_specs
 from delayapp.core.planner import Planner
 from delayapp.core.policies import DeadLetter, Reason, Wait, stable_record_id
 from delayapp.engine.handler import RecordHandler
+from delayapp.engine.loop import RouterLoop
 from delayapp.engine.service import build_policy
 from delayapp.errors import ConfigError
 from delayapp.settings import load_settings
@@ -357,10 +358,10 @@ def loops_for(**overrides: object) -> list:
 def test_one_loop_per_enabled_source_with_its_own_group() -> None:
     assert loops_for() == []
     envelope_loop, relay = loops_for(compat_envelope=True, cesium_source="src", cesium_destination="relayed")
-    assert (envelope_loop.topic, envelope_loop.group_id, envelope_loop.ingress) == (
+    assert (envelope_loop.topic, envelope_loop.group_id, type(envelope_loop)) == (
         "cx.compat.envelope",
         "cx.compat-envelope",
-        True,
+        RouterLoop,
     )
     assert (relay.topic, relay.group_id, relay.name) == ("src", "cx.cesium", "cesium")
 

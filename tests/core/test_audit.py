@@ -23,9 +23,9 @@ from delayapp.core.audit import (
     audit_record_values,
     audit_seq,
     delivered,
+    event_order,
     is_final,
     requested,
-    step_order,
     waiting,
 )
 from delayapp.core.cancel import CancelRequest
@@ -165,7 +165,7 @@ def test_steps_order_by_retries_then_hops_then_stage_and_final_outranks_waiting(
     assert set(RecordStatus) - {RecordStatus.WAITING, RecordStatus.REQUESTED} == FINAL
     copy = {"status": "waiting", "retries": 2, "seq": audit_seq(2, 6, RecordStatus.WAITING)}
     redo = {"status": "delivered", "retries": 2, "seq": audit_seq(2, 5, RecordStatus.DELIVERED)}
-    assert step_order(redo) > step_order(copy)
+    assert event_order(redo) > event_order(copy)
 
 
 LAYOUT = TopicLayout("a", Ladder.parse("1s,5s"))

@@ -43,19 +43,19 @@ def test_the_dead_letters_of_the_record_gates_say_why() -> None:
 def test_a_cancel_is_asked_first_then_the_awake_time_then_the_target() -> None:
     g = gates(cancelled={"r": NOW}, known={"orders"})
     # cancelled, though not awake and with a refused target
-    assert g.step("r", NOW - 5, NOW + 1, NOW, "payments") == CancelRequest("r", NOW)
+    assert g.state("r", NOW - 5, NOW + 1, NOW, "payments") == CancelRequest("r", NOW)
     # a cancel of a later entry does not apply (it entered after the cancel)
-    assert g.step("r", NOW + 5, None, NOW, "orders") is None
-    assert g.step("s", None, NOW + 1, NOW, "payments") == Wait(NOW + 1)
-    assert g.step("s", None, NOW, NOW, "payments") == POLICY.check_target("payments")
-    assert g.step("s", None, None, NOW, "orders") is None
+    assert g.state("r", NOW + 5, None, NOW, "orders") is None
+    assert g.state("s", None, NOW + 1, NOW, "payments") == Wait(NOW + 1)
+    assert g.state("s", None, NOW, NOW, "payments") == POLICY.check_target("payments")
+    assert g.state("s", None, None, NOW, "orders") is None
 
 
 def test_a_refused_target_is_explained_as_the_policy_explains_it() -> None:
-    verdict = gates(known=set()).step("s", None, None, NOW, "orders")
+    verdict = gates(known=set()).state("s", None, None, NOW, "orders")
     assert isinstance(verdict, DeadLetter) and verdict.reason == Reason.UNKNOWN_TARGET
     assert verdict == POLICY.check_target("orders", set())
-    assert gates().step("s", None, None, NOW, None) == POLICY.check_target(None)  # no target at all
+    assert gates().state("s", None, None, NOW, None) == POLICY.check_target(None)  # no target at all
 
 
 @given(
@@ -66,7 +66,7 @@ def test_a_refused_target_is_explained_as_the_policy_explains_it() -> None:
 def test_past_the_cancel_the_gates_ask_what_route_asks(awake: int | None, target: str, known: set[str] | None) -> None:
     """The full path's route() stops a record exactly where the gates do, with the same answer."""
     state = DelayHeaders(reactivate_to_topic=target or None, reactivate_at=NOW + 10_000_000, awake_at=awake)
-    stop = gates(known=known).step("s", None, awake, NOW, target or None)
+    stop = gates(known=known).state("s", None, awake, NOW, target or None)
     routed = route(state, now_ms=NOW, planner=Planner(Ladder.parse("1s,1m")), policy=POLICY, known_topics=known)
     if stop is None:
         assert not isinstance(routed, Wait | DeadLetter) or routed.reason == Reason.DELAY_TOO_LONG

@@ -1,4 +1,4 @@
-"""The lean step with a fixed clock: it never decides differently from the full path, only
+"""The lean decider with a fixed clock: it never decides differently from the full path, only
 declines to decide (no Kafka)."""
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def handler(**kwargs) -> RecordHandler:
 
 
 def lean(handler: RecordHandler, headers: list, now: int = NOW, value: bytes | None = b"v"):
-    assert handler.lean_step is not None
-    return handler.lean_step.take(value, 100, list(headers), now, SOURCE[:2], SOURCE[2])
+    assert handler.lean_decider is not None
+    return handler.lean_decider.take(value, 100, list(headers), now, SOURCE[:2], SOURCE[2])
 
 
 def full(handler: RecordHandler, headers: list, now: int = NOW, value: bytes | None = b"v"):
@@ -89,7 +89,7 @@ def test_a_due_record_is_delivered_with_only_the_headers_kept_at_the_target() ->
 
 
 def test_a_record_with_its_state_in_plain_headers_takes_the_full_path_which_packs_it() -> None:
-    # written before the state was packed, or by hand: correct, only not the lean step's
+    # written before the state was packed, or by hand: correct, only not the lean decider's
     plain = [("traceparent", b"00-ab"), *h.encode(h.decode(admitted())[0])]
     assert lean(handler(), plain) is None
     (output,) = full(handler(), plain)
@@ -197,13 +197,13 @@ def delay_headers(draw: st.DrawFn, now: int) -> list[tuple[str, bytes | None]]:
 
 def _canonical(headers: list) -> list:
     """Headers in a comparable form: a packed state unpacked, and the full path writes a
-    producer's null header value as empty bytes, the lean step keeps it null, as the producer sent it."""
+    producer's null header value as empty bytes, the lean decider keeps it null, as the producer sent it."""
     return sorted((name, raw or b"") for name, raw in h.plain(headers))
 
 
 @settings(max_examples=1000, deadline=None)
 @given(data=st.data(), now=st.sampled_from([NOW, NOW + 3_000, NOW + 70_000]))
-def test_the_lean_step_decides_as_the_full_path_or_not_at_all(data: st.DataObject, now: int) -> None:
+def test_the_lean_decider_decides_as_the_full_path_or_not_at_all(data: st.DataObject, now: int) -> None:
     """As the loop calls it: for a record whose awakeAt has come (it never asks about one that waits)."""
     headers = data.draw(delay_headers(now))
     hh = handler()
@@ -247,7 +247,7 @@ def test_a_number_read_byte_by_byte_is_what_decode_reads(raw: bytes, after: byte
     packed = b"awakeAt=" + raw + after
     value, end = hop.read_number(packed, 8, len(packed))
     # decode reads up to 19 digits; every number of 19 is beyond the largest time or count it
-    # accepts, so the lean step, which reads up to 18, never takes one decode would refuse
+    # accepts, so the lean decider, which reads up to 18, never takes one decode would refuse
     readable = raw.isdigit() and 0 < len(raw) <= 18
     assert value == (int(raw) if readable else -1)
     if readable:

@@ -14,7 +14,7 @@ from delayapp.core import headers as h
 from delayapp.core.audit import FINAL, RecordStatus
 from delayapp.core.cancel import CancelRequest, applies_to, decode_cancel
 from delayapp.core.durations import parse_duration
-from delayapp.core.hop import LeanDelivery, LeanHop, LeanStep, scan
+from delayapp.core.hop import LeanDecider, LeanDelivery, LeanHop, scan
 from delayapp.core.ladder import Ladder
 from delayapp.core.layout import TopicLayout
 from delayapp.core.planner import Planner
@@ -56,7 +56,7 @@ def _cancels(record_id: str | None) -> CancelRequest | None:
 
 
 HANDLER = RecordHandler(layout=LAYOUT, planner=Planner(LAYOUT.ladder), policy=POLICY, cancellations=_cancels)
-LEAN = LeanStep(
+LEAN = LeanDecider(
     planner=Planner(LAYOUT.ladder),
     policy=POLICY,
     topic_of=lambda denomination, priority: LAYOUT.delay_topic(denomination, priority=priority),
@@ -87,7 +87,7 @@ def test_todays_decoder_reads_every_old_delay_record_as_its_writer_did(name: str
 @pytest.mark.parametrize(("name", "record"), DELAY_RECORDS, ids=DELAY_IDS)
 def test_the_fetch_scan_finds_when_every_old_record_wakes(name: str, record: DelayRecord) -> None:
     """The intake reads ``awakeAt`` once, when it fetches a record: from the packed state with
-    :func:`scan`, else (plain headers: the lean step declines them) from the plain headers."""
+    :func:`scan`, else (plain headers: the lean decider declines them) from the plain headers."""
     expected = record.expected
     view = scan(list(record.headers))
     if name != PACKED:
@@ -112,7 +112,7 @@ def test_the_fetch_scan_finds_when_every_old_record_wakes(name: str, record: Del
 
 
 def _step(topic: str, key: bytes, value: bytes, headers: list, now: int) -> tuple[str, object]:
-    """One step of a delay topic's record at ``now`` as the loop takes it: the lean step first,
+    """One step of a delay topic's record at ``now`` as the loop takes it: the lean decider first,
     the full path when it declines. ("hop", (topic, headers)), ("wait", until),
     ("delivered", (topic, headers, event)) or ("cancelled", event)."""
     denomination = DENOMINATION_OF_TOPIC[topic]

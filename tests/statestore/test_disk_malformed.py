@@ -114,6 +114,6 @@ def test_arbitrary_keys_and_values_never_escape_and_valid_records_still_fold(bef
 
 
 def test_a_state_whose_seq_is_null_folds_as_one_before_every_step(store: DiskStateStore) -> None:
-    # found by the property test above on Apache Kafka's suite run: step_order's int(None) escaped the fold
+    # found by the property test above on Apache Kafka's suite run: event_order's int(None) escaped the fold
     assert store.apply(0, [(b"n", b'{"seq":null}')], 1) == 1
     assert store.apply(0, [valid("n")], 2) == 1 and store.offset(0) == 2
