@@ -230,7 +230,9 @@ async def offer(target: Target, rate: float, seconds: float, delay_ms: tuple[int
     """Offer ``rate`` records/s for ``seconds``, each due ``delay_ms`` (uniform) after it is written;
     wait for them and summarise: kept up when all arrived, none early, p99 lateness within
     :data:`KEPT_UP_P99_MS`. ``producer_rate`` says whether the producer held the rate, and
-    ``producer_ack_p99`` how long the broker took to take the load (lateness a scheduler cannot help)."""
+    ``producer_ack_p50``/``_p99`` how long the broker took to acknowledge the load's writes: the write
+    latency the worker's own writes meet at that moment (a loop that waits for its acknowledgements
+    before releasing more records is late by that much)."""
     assert target.collector is not None, "start() the target first"
     target.steps += 1
     rng = random.Random(target.steps)
@@ -250,6 +252,7 @@ async def offer(target: Target, rate: float, seconds: float, delay_ms: tuple[int
         "rate": rate,
         "seconds": seconds,
         "producer_rate": count / produced.seconds,
+        "producer_ack_p50": percentile(produced.ack_ms, 0.5),
         "producer_ack_p99": percentile(produced.ack_ms, 0.99),
         "producer_ack_max": max(produced.ack_ms, default=float("nan")),
         **summary(target.collector, produced.due_of),

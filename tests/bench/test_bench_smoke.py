@@ -50,3 +50,34 @@ def test_bench_quick_run_writes_well_formed_json(tmp_path, bootstrap: str) -> No
     for run in data["skew"]:  # never early by the broker's clock, where the broker lets the worker read it
         assert run["delivered"] == run["sent"] > 0 and (run["early"] == 0 or not run["clock_measured"]), run
     assert "| figure" in result.stdout.decode()
+
+
+def test_a_given_saturation_rate_measures_lateness_without_the_search(tmp_path, bootstrap: str) -> None:
+    """``--saturation-rate``: the half-saturation point rerun alone, with the broker's ack p50 beside its p99."""
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--sections",
+            "lateness",
+            "--saturation-rate",
+            "1000",
+            "--broker",
+            bootstrap,
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        timeout=600,
+        env={**os.environ},
+    )
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    data = json.loads(out.read_text())
+    assert "saturation" not in data  # no search: the rate is given
+    assert [run["rate"] for run in data["lateness"]] == [1_000, 500]
+    for run in data["lateness"]:
+        assert run["early"] == 0 and run["delivered"] == run["sent"] > 0, run
+        assert run["producer_ack_p50"] <= run["producer_ack_p99"], run
