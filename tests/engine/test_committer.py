@@ -3,6 +3,7 @@ broker never answers, and nothing here waits for it)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -10,7 +11,14 @@ from confluent_kafka import Consumer, Producer
 
 from delayapp.core.clock import GuardedClock
 from delayapp.core.planner import Planner
-from delayapp.engine.committer import MAX_IN_FLIGHT_BATCHES, QUIET, AtLeastOnceCommitter
+from delayapp.engine.committer import (
+    DRAIN_AFTER_MS,
+    DRAIN_BY_MS,
+    MAX_IN_FLIGHT_BATCHES,
+    QUIET,
+    AtLeastOnceCommitter,
+    EmitTimeout,
+)
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.service import build_policy
 from delayapp.engine.stats import LoopStats
@@ -22,12 +30,14 @@ NOWHERE = "127.0.0.1:9"  # nothing listens: writes stay queued, nothing is fetch
 
 
 @pytest.fixture
-def make_committer() -> Iterator[Callable[[int], AtLeastOnceCommitter]]:
+def make_committer() -> Iterator[Callable[..., AtLeastOnceCommitter]]:
     """An at_least_once committer of a loop whose batches hold at most ``max_batch`` records."""
     consumers: list[Consumer] = []
 
-    def make(max_batch: int) -> AtLeastOnceCommitter:
-        settings = load_settings(broker=NOWHERE, topic_prefix="cmt", app_id="cmt", max_batch=max_batch)
+    def make(max_batch: int, emit_timeout: int = 30_000) -> AtLeastOnceCommitter:
+        settings = load_settings(
+            broker=NOWHERE, topic_prefix="cmt", app_id="cmt", max_batch=max_batch, emit_timeout=emit_timeout
+        )
         layout = settings.topic_layout()
         handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
         producer = Producer({"bootstrap.servers": NOWHERE, "log_level": 0})
@@ -71,7 +81,7 @@ def make_committer() -> Iterator[Callable[[int], AtLeastOnceCommitter]]:
         consumer.close()
 
 
-def test_many_small_batches_do_not_fill_the_loop(make_committer: Callable[[int], AtLeastOnceCommitter]) -> None:
+def test_many_small_batches_do_not_fill_the_loop(make_committer: Callable[..., AtLeastOnceCommitter]) -> None:
     # at a moderate rate each pass decides a few records: 16 such passes used to stop the loop
     # deciding while it drained its producer, every ~16 ms
     committer = make_committer(500)
@@ -82,7 +92,7 @@ def test_many_small_batches_do_not_fill_the_loop(make_committer: Callable[[int],
     assert committer.make_room() is None  # room: the loop fetches
 
 
-def test_full_batches_fill_the_loop_until_acknowledged(make_committer: Callable[[int], AtLeastOnceCommitter]) -> None:
+def test_full_batches_fill_the_loop_until_acknowledged(make_committer: Callable[..., AtLeastOnceCommitter]) -> None:
     committer = make_committer(10)
     for offset in range(MAX_IN_FLIGHT_BATCHES):
         assert not committer.full
@@ -93,3 +103,23 @@ def test_full_batches_fill_the_loop_until_acknowledged(make_committer: Callable[
     assert committer.make_room() is QUIET  # served instead of a fetch: nothing else to act on
     assert committer.in_flight_records == 0 and not committer.in_flight
     assert not committer.full
+
+
+def test_a_drain_holds_the_loop_a_moment_a_pass_until_the_oldest_batch_is_old(
+    make_committer: Callable[..., AtLeastOnceCommitter],
+) -> None:
+    # a drain waits for one broker round trip, up to its p99: waited out at once, every record
+    # due meanwhile was that late; the loop now waits a moment a pass and releases in between
+    committer = make_committer(500, emit_timeout=3_000)
+    key = ("cmt.delay.1s", 0)
+    committer.begin({key: (1, "")}, {key}, 1)
+    committer.writer.produce("cmt.sink", b"v", b"k", None)  # never acknowledged: nothing listens
+    committer.in_flight[0].started_s -= (DRAIN_AFTER_MS + 50) / 1000
+    started = time.monotonic()
+    assert committer.settle(wait_s=0) is QUIET  # not drained: tried again at the next pass
+    assert time.monotonic() - started < 1.0  # far from the 2.75 s emit_timeout leaves
+    assert committer.in_flight  # nothing committed
+    # old enough: the loop waits until drained, and gives up at emit_timeout as before
+    committer.in_flight[0].started_s -= DRAIN_BY_MS / 1000
+    with pytest.raises(EmitTimeout):
+        committer.settle(wait_s=0)
