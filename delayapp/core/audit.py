@@ -32,7 +32,14 @@ from typing import Annotated, Any
 
 import orjson
 
-from delayapp.core.event_json import event_seq, json_text, optional_text, write_event
+from delayapp.core.event_json import (
+    DELIVERED_STAGE,
+    WAITING_STAGE,
+    event_seq,
+    json_text,
+    optional_text,
+    write_event,
+)
 
 
 class RecordStatus(str, enum.Enum):
@@ -58,8 +65,8 @@ FINAL = frozenset({RecordStatus.DELIVERED, RecordStatus.DEAD_LETTERED, RecordSta
 
 # The last digit of a step's seq: a record's stage within one hop.
 STAGE = {
-    RecordStatus.WAITING: 0,
-    RecordStatus.DELIVERED: 1,
+    RecordStatus.WAITING: WAITING_STAGE,
+    RecordStatus.DELIVERED: DELIVERED_STAGE,
     RecordStatus.DEAD_LETTERED: 2,
     RecordStatus.CANCELLED: 3,
     RecordStatus.REQUESTED: 4,

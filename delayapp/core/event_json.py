@@ -20,6 +20,8 @@ what they have not checked already (topic names are; a record id goes through
 
 from __future__ import annotations
 
+from typing import Final
+
 import orjson
 
 
@@ -36,6 +38,12 @@ def printable_text(value: str) -> str:
     if '"' in value or "\\" in value:
         return value.replace("\\", "\\\\").replace('"', '\\"')
     return value
+
+
+WAITING_STAGE: Final = 0
+"""The stage of a ``waiting`` step within its hop (:data:`delayapp.core.audit.STAGE`)."""
+DELIVERED_STAGE: Final = 1
+"""The stage of a ``delivered`` step within its hop (:data:`delayapp.core.audit.STAGE`)."""
 
 
 def event_seq(retries: int, hops: int, stage: int) -> int:
@@ -111,3 +119,92 @@ def write_event(
         f'"topic":{topic_quote}{topic}{topic_quote},'
         f'"partition":{_number_or_null(partition)},"offset":{_number_or_null(offset)}}}'
     ).encode()
+
+
+def delivered_event(
+    record_id: str,
+    at: int,
+    retries: int,
+    hops: int,
+    target: str,
+    due: int,
+    source: str,
+    priority: bool,
+    throttled_until: int | None,
+    delayed_at: int | None,
+    replays: int,
+    topic: str | None,
+    partition: int | None,
+    offset: int | None,
+) -> bytes:
+    """The JSON of the step of a record delivered to ``target`` at ``at``, due at ``due``:
+    the one mapping of a delivery's values to its event's fields (:func:`delayapp.core.audit.delivered`
+    makes the same event as an object, and a test holds the two together). Its texts are
+    written as given, each escaped once by the caller (see :func:`write_event`)."""
+    return write_event(
+        record_id,
+        "delivered",
+        at,
+        event_seq(retries, hops, DELIVERED_STAGE),
+        retries,
+        hops,
+        target,
+        None,  # awake_at: it waits nowhere any more
+        due,  # reactivate_at
+        at - due,  # lateness_ms
+        None,  # reason
+        source,
+        priority,
+        throttled_until,
+        delayed_at,
+        replays,
+        None,  # by: a step, no call
+        topic,
+        partition,
+        offset,
+    )
+
+
+def waiting_event(
+    record_id: str,
+    at: int,
+    retries: int,
+    hops: int,
+    target: str | None,
+    awake_at: int | None,
+    due: int | None,
+    source: str,
+    priority: bool,
+    throttled_until: int | None,
+    delayed_at: int | None,
+    replays: int,
+    topic: str | None,
+    partition: int | None,
+    offset: int | None,
+) -> bytes:
+    """The JSON of the step of a record that now waits in a delay topic until ``awake_at``:
+    the one mapping of a waiting step's values to its event's fields
+    (:func:`delayapp.core.audit.waiting` makes the same event as an object). Its texts are
+    written as given, each escaped once by the caller (see :func:`write_event`)."""
+    return write_event(
+        record_id,
+        "waiting",
+        at,
+        event_seq(retries, hops, WAITING_STAGE),
+        retries,
+        hops,
+        target,
+        awake_at,
+        due,  # reactivate_at
+        None,  # lateness_ms
+        None,  # reason
+        source,
+        priority,
+        throttled_until,
+        delayed_at,
+        replays,
+        None,  # by: a step, no call
+        topic,
+        partition,
+        offset,
+    )
