@@ -33,7 +33,7 @@ from typing import Final
 from delayapp.core import headers as h
 from delayapp.core.audit import RecordStatus
 from delayapp.core.cancel import CancelRequest
-from delayapp.core.event_json import printable_text, waiting_event
+from delayapp.core.event_json import JSON, printable_text, waiting_event
 from delayapp.core.gates import OPEN, Gates
 from delayapp.core.hop import LeanHeaders, TargetNames, is_record_id_at, read_number
 from delayapp.core.packed import pack_fields
@@ -222,6 +222,7 @@ class LeanAdmission:
         # slot, not replayed; written to delay topic ``topic``, partition and offset unknown; its
         # texts checked: a record id as decode accepts it, topic names
         encoded = waiting_event(
+            JSON,
             printable_text(record_id),
             at=now,
             retries=0,
@@ -238,5 +239,6 @@ class LeanAdmission:
             partition=None,
             offset=None,
         )
+        assert isinstance(encoded, bytes)  # JSON writes bytes
         assert value is not None  # a tombstone stopped at the gates
         return LeanAdmitted(topic, key, value, kept, record_id, now, encoded)

@@ -39,7 +39,7 @@ from delayapp.core import headers as h
 from delayapp.core.audit import RecordStatus
 from delayapp.core.cancel import CancelRequest
 from delayapp.core.errors import HeaderError
-from delayapp.core.event_json import delivered_event, printable_text
+from delayapp.core.event_json import JSON, delivered_event, printable_text
 from delayapp.core.gates import OPEN, Gates
 from delayapp.core.planner import Planner
 from delayapp.core.policies import DELIVER, HOLD, HOP, Policy, Wait, decide
@@ -518,6 +518,7 @@ class LeanDecider:
         # the event delivered(...) makes, written to the target (partition and offset unknown);
         # its texts checked: a record id scan accepted, topic names
         encoded = delivered_event(
+            JSON,
             printable_text(view.record_id),
             at=now,
             retries=retries,
@@ -533,6 +534,7 @@ class LeanDecider:
             partition=None,
             offset=None,
         )
+        assert isinstance(encoded, bytes)  # JSON writes bytes
         skipped, packed = view.packed_index, view.packed
         kept = [header for index, header in enumerate(headers) if index != skipped]
         kept.append((h.RECORD_ID, view.record_id.encode()))

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from delayapp.core import headers as h
 from delayapp.core.audit import WIRE_FIELDS, AuditEvent, RecordStatus, delivered, requested, waiting
 from delayapp.core.event_json import (
+    JSON,
     delivered_event,
     json_text,
     optional_text,
@@ -204,7 +205,7 @@ def test_a_delivery_encodes_as_the_event_delivered_makes(
     topic, partition, offset = where
     event = delivered(record_id, **fields)
     direct = delivered_event(
-        json_text(record_id), **_escaped(fields), topic=optional_text(topic), partition=partition, offset=offset
+        JSON, json_text(record_id), **_escaped(fields), topic=optional_text(topic), partition=partition, offset=offset
     )
     assert direct == event.encode(topic, partition, offset) == old_encode(event, topic, partition, offset)
 
@@ -224,6 +225,6 @@ def test_a_waiting_step_encodes_as_the_event_waiting_makes(
     topic, partition, offset = where
     event = waiting(record_id, **fields)
     direct = waiting_event(
-        json_text(record_id), **_escaped(fields), topic=optional_text(topic), partition=partition, offset=offset
+        JSON, json_text(record_id), **_escaped(fields), topic=optional_text(topic), partition=partition, offset=offset
     )
     assert direct == event.encode(topic, partition, offset) == old_encode(event, topic, partition, offset)
