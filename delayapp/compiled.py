@@ -51,6 +51,7 @@ MODULES: tuple[str, ...] = (
     "delayapp.core.event_json",
     "delayapp.core.gates",
     "delayapp.core.hop",
+    "delayapp.core.packed",
     "delayapp.core.partition",
     "delayapp.core.planner",
     "delayapp.core.policies",

@@ -11,7 +11,8 @@ where to (``reactivateToTopic``) and perhaps its ``recordId``; :class:`LeanAdmis
 such a record from those headers alone, asks :func:`~delayapp.core.policies.decide` (the rule
 ``route`` asks too) for its step and answers its first hop: the delay topic, the
 record's own headers with the packed ``delayState`` the full path would write
-(:func:`delayapp.core.headers.encode_packed`), and the entry step, encoded as text.
+(:func:`delayapp.core.packed.pack_fields`, which :func:`delayapp.core.headers.pack` writes
+through), and the entry step (:func:`delayapp.core.event_json.waiting_event`), encoded as text.
 
 Anything else it leaves to the full path, which decodes every header, applies every policy
 and dead-letters with the reason, by answering None: any other header delayapp owns (an
@@ -30,11 +31,12 @@ from collections.abc import Callable, Container
 from typing import Final
 
 from delayapp.core import headers as h
-from delayapp.core.audit import RecordStatus, audit_seq
+from delayapp.core.audit import RecordStatus
 from delayapp.core.cancel import CancelRequest
-from delayapp.core.event_json import printable_text, write_event
+from delayapp.core.event_json import JSON, printable_text, waiting_event
 from delayapp.core.gates import OPEN, Gates
 from delayapp.core.hop import LeanHeaders, TargetNames, is_record_id_at, read_number
+from delayapp.core.packed import pack_fields
 from delayapp.core.planner import Planner
 from delayapp.core.policies import ENTERED, HOP, LOG_APPEND_TIME, Policy, decide, due_at_entry, stable_record_id
 
@@ -49,7 +51,6 @@ _DECLINED: Final = frozenset((*h.DELAY_HEADERS, h.DELAY_STATE, *h.NEVER_FROM_PRO
     _TARGET,
     _RECORD_ID,
 }
-_ENTRY_SEQ: Final = audit_seq(0, 1, RecordStatus.WAITING)  # the entry step: no retry, the first hop
 _MIN_TIME: Final = h.MIN_TIMESTAMP_MS
 _MAX_TIME: Final = h.MAX_TIMESTAMP_MS
 
@@ -205,37 +206,39 @@ class LeanAdmission:
             topic = self._topics[denomination] = self.topic_of(denomination, False)
         # 4. the state the full path packs (h.pack's order), and the entry step
         awake = now + duration
-        kept.append(
-            (
-                h.DELAY_STATE,
-                f"awakeAt={awake};delayHops=1;originatedAt={now};timeRetried=0;delayedAt={timestamp};"
-                f"reactivateAt={due};reactivateToTopic={target};recordId={record_id}".encode(),
-            )
+        packed = pack_fields(
+            awake_at=awake,
+            delay_hops=1,
+            originated_at=now,
+            time_retried=0,
+            delayed_at=timestamp,
+            reactivate_at=due,
+            reactivate_to_topic=target,
+            record_id=record_id,
         )
+        kept.append((h.DELAY_STATE, packed))
         source = f"{where[0]}/{where[1]}/{offset}"
         # the event waiting(...) makes: no retry, its first hop, the normal lane, no rate-limit
-        # slot, not replayed; written to delay topic ``topic``, partition and offset unknown
-        encoded = write_event(  # its texts checked: a record id as decode accepts it, topic names
+        # slot, not replayed; written to delay topic ``topic``, partition and offset unknown; its
+        # texts checked: a record id as decode accepts it, topic names
+        encoded = waiting_event(
+            JSON,
             printable_text(record_id),
-            "waiting",
-            now,
-            _ENTRY_SEQ,
-            0,
-            1,
-            target,
-            awake,
-            due,
-            None,  # lateness_ms
-            None,  # reason
-            source,
-            False,
-            None,  # throttled_until
-            timestamp,  # delayed_at
-            0,  # replays
-            None,  # by: a step, no call
-            topic,
-            None,
-            None,
+            at=now,
+            retries=0,
+            hops=1,
+            target=target,
+            awake_at=awake,
+            due=due,
+            source=source,
+            priority=False,
+            throttled_until=None,
+            delayed_at=timestamp,
+            replays=0,
+            topic=topic,
+            partition=None,
+            offset=None,
         )
+        assert isinstance(encoded, bytes)  # JSON writes bytes
         assert value is not None  # a tombstone stopped at the gates
         return LeanAdmitted(topic, key, value, kept, record_id, now, encoded)

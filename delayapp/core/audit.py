@@ -12,7 +12,11 @@ read, and the compacted ``<prefix>.record-states``, which the read model folds
 * the order of one record's steps (:func:`audit_seq` when written, :func:`event_order` when folded);
 * the fields the read model keeps (:data:`READ_MODEL_FIELDS`);
 * its JSON (:meth:`AuditEvent.encode`), written by :func:`delayapp.core.event_json.write_event`,
-  which the lean paths call too: the one writer of the format.
+  which the lean paths reach too: the one writer of the format;
+* the steps the record path takes, delivered (:func:`delivered`) and waiting (:func:`waiting`),
+  whose fields :func:`delayapp.core.event_json.delivered_event` and
+  :func:`~delayapp.core.event_json.waiting_event` map once, for this event object as for the
+  JSON the lean paths write with no object.
 
 The JSON is a wire format: existing topics hold it, so a field is only ever added, never
 renamed, retyped or reordered. On the audit stream a record holds the events of many steps,
@@ -32,7 +36,17 @@ from typing import Annotated, Any
 
 import orjson
 
-from delayapp.core.event_json import event_seq, json_text, optional_text, write_event
+from delayapp.core.event_json import (
+    DELIVERED_STAGE,
+    WAITING_STAGE,
+    EventFields,
+    delivered_event,
+    event_seq,
+    json_text,
+    optional_text,
+    waiting_event,
+    write_event,
+)
 
 
 class RecordStatus(str, enum.Enum):
@@ -58,8 +72,8 @@ FINAL = frozenset({RecordStatus.DELIVERED, RecordStatus.DEAD_LETTERED, RecordSta
 
 # The last digit of a step's seq: a record's stage within one hop.
 STAGE = {
-    RecordStatus.WAITING: 0,
-    RecordStatus.DELIVERED: 1,
+    RecordStatus.WAITING: WAITING_STAGE,
+    RecordStatus.DELIVERED: DELIVERED_STAGE,
     RecordStatus.DEAD_LETTERED: 2,
     RecordStatus.CANCELLED: 3,
     RecordStatus.REQUESTED: 4,
@@ -116,7 +130,7 @@ class AuditEvent:
         by :func:`delayapp.core.event_json.write_event`, the one writer of this format, each
         text escaped once here."""
         target = optional_text(self.target)
-        return write_event(
+        return write_event(  # type: ignore[return-value]  # JSON's fields are written as bytes
             json_text(self.record_id),
             self.status,
             self.at,
@@ -164,6 +178,15 @@ def _event(*values: Any) -> AuditEvent:
     for set_slot, value in zip(_SLOT_SETTERS, values, strict=True):  # a field left out is an error, not unset
         set_slot(event, value)
     return event
+
+
+def _built(record_id: str, status: str, *values: Any) -> AuditEvent:
+    """The event of a step's fields as :class:`~delayapp.core.event_json.EventFields` hands them over."""
+    return _event(record_id, RecordStatus(status), *values)
+
+
+_OBJECTS = EventFields(_built)
+"""A step's fields built into its :class:`AuditEvent` (the full path's), texts as they are."""
 
 
 def _wire_type(hint: Any) -> WireType:
@@ -218,26 +241,25 @@ def delivered(
     delayed_at: int | None,
     replays: int = 0,
 ) -> AuditEvent:
-    """The step of a record delivered to ``target`` at ``at``, due at ``due`` (the lean and the
-    full path build it here, so that they cannot differ)."""
-    return _event(
+    """The step of a record delivered to ``target`` at ``at``, due at ``due``, as the full path
+    keeps it: its fields mapped by :func:`delayapp.core.event_json.delivered_event`, whose JSON
+    the lean decider writes, so that the two cannot differ."""
+    return delivered_event(  # type: ignore[return-value]  # _OBJECTS builds an AuditEvent
+        _OBJECTS,
         record_id,
-        RecordStatus.DELIVERED,
-        at,
-        audit_seq(retries, hops, RecordStatus.DELIVERED),
-        retries,
-        hops,
-        target,
-        None,  # awake_at: it waits nowhere any more
-        due,  # reactivate_at
-        at - due,  # lateness_ms
-        None,  # reason
-        source,
-        priority,
-        throttled_until,
-        delayed_at,
-        replays,
-        None,  # by: a step, no call
+        at=at,
+        retries=retries,
+        hops=hops,
+        target=target,
+        due=due,
+        source=source,
+        priority=priority,
+        throttled_until=throttled_until,
+        delayed_at=delayed_at,
+        replays=replays,
+        topic=None,
+        partition=None,
+        offset=None,
     )
 
 
@@ -256,26 +278,27 @@ def waiting(
     delayed_at: int | None,
     replays: int = 0,
 ) -> AuditEvent:
-    """The step of a record that now waits in a delay topic until ``awake_at`` (the router's
-    admission and every full-path hop build it here)."""
-    return _event(
+    """The step of a record that now waits in a delay topic until ``awake_at``, as the full path
+    keeps it (every full-path hop, and the router's admission there): its fields mapped by
+    :func:`delayapp.core.event_json.waiting_event`, whose JSON the router's lean admission
+    writes, so that the two cannot differ."""
+    return waiting_event(  # type: ignore[return-value]  # _OBJECTS builds an AuditEvent
+        _OBJECTS,
         record_id,
-        RecordStatus.WAITING,
-        at,
-        audit_seq(retries, hops, RecordStatus.WAITING),
-        retries,
-        hops,
-        target,
-        awake_at,
-        due,  # reactivate_at
-        None,  # lateness_ms
-        None,  # reason
-        source,
-        priority,
-        throttled_until,
-        delayed_at,
-        replays,
-        None,  # by: a step, no call
+        at=at,
+        retries=retries,
+        hops=hops,
+        target=target,
+        awake_at=awake_at,
+        due=due,
+        source=source,
+        priority=priority,
+        throttled_until=throttled_until,
+        delayed_at=delayed_at,
+        replays=replays,
+        topic=None,
+        partition=None,
+        offset=None,
     )
 
 

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, NamedTuple, TypeVar
 
 from delayapp.core.errors import HeaderError
+from delayapp.core.packed import pack_fields
 
 RECORD_ID = "recordId"
 ORIGINATED_AT = "originatedAt"
@@ -307,7 +308,6 @@ the codec and the lean reading (:func:`delayapp.core.hop.scan`, which numbers th
 their place here) both read. A header added to :data:`DELAY_HEADERS` (and
 :class:`DelayHeaders`) takes its place here by itself: after ``awakeAt`` and ``delayHops``,
 the irremovable ones (those a delivery keeps) first, the record id last."""
-_PACKED_FIELDS = [(name, DELAY_HEADERS.index(name)) for name in PACKED_FIELDS]
 _PACKED_NAMES: Final = {name.encode(): name for name in DELAY_HEADERS}
 PACKED_RECORD_ID: Final = b"recordId="
 """Where the record id begins in a packed value: after this, to its end (the last field)."""
@@ -315,9 +315,10 @@ PACKED_RECORD_ID: Final = b"recordId="
 
 def pack(state: DelayHeaders) -> bytes:
     """``state`` as the value of one ``delayState`` header (see the module): ``name=value``
-    pairs joined by ``;`` in :data:`PACKED_FIELDS`' order (``recordId`` and the id last), unset fields left out."""
-    parts = [f"{name}={state[index]}" for name, index in _PACKED_FIELDS if state[index] is not None]
-    return ";".join(parts).encode("ascii")
+    pairs joined by ``;`` in :data:`PACKED_FIELDS`' order (``recordId`` and the id last), unset
+    fields left out; written by :func:`delayapp.core.packed.pack_fields`, the one writer of
+    that layout, which the router's lean admission calls with plain values."""
+    return pack_fields(**state._asdict())  # its parameters are the state's fields, by name
 
 
 def encode_packed(state: DelayHeaders, passthrough: Iterable[tuple[str, bytes]] = ()) -> HeaderList:
@@ -349,6 +350,14 @@ def unpack(raw: bytes | None) -> HeaderList:
     if found:
         out.append((RECORD_ID, record_id))
     return out
+
+
+# The one writer writes each field of the table, under its name, in its order: a field added to
+# DELAY_HEADERS is added to pack_fields, or the codec fails here, at import.
+_EVERY_FIELD = [(name, f"v{index}") for index, name in enumerate(DELAY_HEADERS)]  # a value of its own each
+assert unpack(pack(DelayHeaders._make(value for _, value in _EVERY_FIELD))) == [
+    (name, value.encode()) for name, value in sorted(_EVERY_FIELD, key=lambda field: PACKED_FIELDS.index(field[0]))
+], "pack_fields does not write PACKED_FIELDS, each under its name, in their order"
 
 
 def plain(headers: Headers | None) -> list[tuple[str, bytes | None]]:

@@ -36,10 +36,10 @@ from typing import Final
 from mypy_extensions import i64
 
 from delayapp.core import headers as h
-from delayapp.core.audit import STAGE, RecordStatus
+from delayapp.core.audit import RecordStatus
 from delayapp.core.cancel import CancelRequest
 from delayapp.core.errors import HeaderError
-from delayapp.core.event_json import event_seq, printable_text, write_event
+from delayapp.core.event_json import JSON, delivered_event, printable_text
 from delayapp.core.gates import OPEN, Gates
 from delayapp.core.planner import Planner
 from delayapp.core.policies import DELIVER, HOLD, HOP, Policy, Wait, decide
@@ -69,7 +69,6 @@ _RECORD_ID: Final = _KINDS[h.RECORD_ID]
 _LAST_KEPT: Final = max(_KINDS[name] for name in h.IRREMOVABLE if name != h.RECORD_ID)
 _COUNT_KINDS: Final = sum(1 << _KINDS[name] for name in h.COUNT_HEADERS)  # one bit a count field
 _READ: Final = {name.encode(): kind for name, kind in _KINDS.items()}
-_DELIVERED_STAGE: Final = STAGE[RecordStatus.DELIVERED]  # a delivery's seq (read once, not per record)
 _PACKED: Final = h.DELAY_STATE
 _PLAIN: Final = frozenset(h.DELAY_HEADERS)  # a delay header outside delayState: the full path's
 _AWAKE_FIELD: Final = b"awakeAt="
@@ -516,29 +515,26 @@ class LeanDecider:
         if not self.deliveries:
             return None
         retries = view.retried or 0
-        # the event delivered(...) makes, written to the target (partition and offset unknown)
-        encoded = write_event(  # its texts checked: a record id scan accepted, topic names
+        # the event delivered(...) makes, written to the target (partition and offset unknown);
+        # its texts checked: a record id scan accepted, topic names
+        encoded = delivered_event(
+            JSON,
             printable_text(view.record_id),
-            "delivered",
-            now,
-            event_seq(retries, view.hops, _DELIVERED_STAGE),
-            retries,
-            view.hops,
-            target,
-            None,  # awake_at: it waits nowhere any more
-            due,  # reactivate_at
-            now - due,  # lateness_ms
-            None,  # reason
-            source,
-            view.priority,
-            view.throttled,
-            view.delayed,
-            view.replays,
-            None,  # by: a step, no call
-            target,
-            None,
-            None,
+            at=now,
+            retries=retries,
+            hops=view.hops,
+            target=target,
+            due=due,
+            source=source,
+            priority=view.priority,
+            throttled_until=view.throttled,
+            delayed_at=view.delayed,
+            replays=view.replays,
+            topic=target,
+            partition=None,
+            offset=None,
         )
+        assert isinstance(encoded, bytes)  # JSON writes bytes
         skipped, packed = view.packed_index, view.packed
         kept = [header for index, header in enumerate(headers) if index != skipped]
         kept.append((h.RECORD_ID, view.record_id.encode()))

@@ -4,13 +4,23 @@ lean delivery's and lean admission's text (which tests held to it)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
 from delayapp.core import headers as h
 from delayapp.core.audit import WIRE_FIELDS, AuditEvent, RecordStatus, delivered, requested, waiting
-from delayapp.core.event_json import json_text, printable_text, write_event
+from delayapp.core.event_json import (
+    JSON,
+    delivered_event,
+    json_text,
+    optional_text,
+    printable_text,
+    waiting_event,
+    write_event,
+)
 
 _NAMES = tuple(name for name, _ in WIRE_FIELDS)
 _STEP_NAMES = tuple(name for name in _NAMES if name != "by")
@@ -163,3 +173,58 @@ def test_a_printable_text_is_escaped_as_any_text(value: str) -> None:
 @given(_ANY_TEXT)
 def test_any_text_is_escaped_as_orjson_writes_it(value: str) -> None:
     assert f'"{json_text(value)}"'.encode() == orjson.dumps(value)
+
+
+_STEPS = st.fixed_dictionaries(
+    {
+        "at": _TIMES,
+        "retries": _COUNTS,
+        "hops": _COUNTS,
+        "source": _TEXT,
+        "priority": st.booleans(),
+        "throttled_until": st.none() | _TIMES,
+        "delayed_at": st.none() | _TIMES,
+        "replays": _COUNTS,
+    }
+)
+_WHERE = st.tuples(st.none() | _TEXT, st.none() | _INT, st.none() | _INT)
+
+
+def _escaped(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with their texts as the caller of an event writer escapes them."""
+    return {name: optional_text(value) if name in ("target", "source") else value for name, value in fields.items()}
+
+
+@given(_ANY_TEXT, _STEPS, _TEXT, _TIMES, _WHERE)
+def test_a_delivery_encodes_as_the_event_delivered_makes(
+    record_id: str, fields: dict[str, Any], target: str, due: int, where: tuple[str | None, int | None, int | None]
+) -> None:
+    """delivered_event, the one mapping of a delivery's values to its event's fields (the lean
+    decider calls it), writes what the full path's delivered(...) event encodes as."""
+    fields = {**fields, "target": target, "due": due}
+    topic, partition, offset = where
+    event = delivered(record_id, **fields)
+    direct = delivered_event(
+        JSON, json_text(record_id), **_escaped(fields), topic=optional_text(topic), partition=partition, offset=offset
+    )
+    assert direct == event.encode(topic, partition, offset) == old_encode(event, topic, partition, offset)
+
+
+@given(_ANY_TEXT, _STEPS, st.none() | _TEXT, st.none() | _TIMES, st.none() | _TIMES, _WHERE)
+def test_a_waiting_step_encodes_as_the_event_waiting_makes(
+    record_id: str,
+    fields: dict[str, Any],
+    target: str | None,
+    awake: int | None,
+    due: int | None,
+    where: tuple[str | None, int | None, int | None],
+) -> None:
+    """waiting_event, the one mapping of a waiting step's values to its event's fields (the
+    router's lean admission calls it), writes what the full path's waiting(...) event encodes as."""
+    fields = {**fields, "target": target, "awake_at": awake, "due": due}
+    topic, partition, offset = where
+    event = waiting(record_id, **fields)
+    direct = waiting_event(
+        JSON, json_text(record_id), **_escaped(fields), topic=optional_text(topic), partition=partition, offset=offset
+    )
+    assert direct == event.encode(topic, partition, offset) == old_encode(event, topic, partition, offset)
