@@ -6,14 +6,17 @@ duplicated 8-38 % (at_least_once) and wrote outputs outside the transaction
 thread of its own, started and stopped as a ``mode.Service`` inside the Faust worker: the
 Python work per record is the handler's, the client's work is librdkafka's, in C.
 
-A record's way, as Kafka Streams' StreamThread → TaskManager/StreamTask → RecordCollector,
-in four files, each called from the one before and never calling back: this loop fetches it
-(``consume()``) and hands it to its tasks (:mod:`delayapp.engine.tasks`: its partition's
-queue, in the pure state machine :class:`delayapp.core.partition.AssignedPartitions`, and
-its decision, through the pure core), hands what they release to the writer
-(:mod:`delayapp.engine.writer`) and asks the committer (:mod:`delayapp.engine.committer`)
-what is done, acting on its :class:`~delayapp.engine.committer.Outcome`. This module only
-fetches, pauses, writes and commits.
+A record's way reads in four files, as Kafka Streams splits StreamThread, TaskManager and
+StreamTask, RecordCollector: this loop fetches it (``consume()``) and hands it to its tasks
+(:mod:`delayapp.engine.tasks`: its partition's queue, in the pure state machine
+:class:`delayapp.core.partition.AssignedPartitions`, and its decision, through the pure core),
+hands what they release to the writer (:mod:`delayapp.engine.writer`) and asks the committer
+(:mod:`delayapp.engine.committer`) what is done, acting on its
+:class:`~delayapp.engine.committer.Outcome`. Nothing calls back up: the loop calls the three
+others; the committer serves the writer and hands the tasks what a redo needs; the tasks and
+the writer call none of them; none calls the loop (``tests/engine/test_record_path.py`` reads
+this from the sources). This module only fetches, pauses, writes and commits.
+
 When a partition's head is not due, only that partition waits: it is paused (unless records
 behind the head may be released ahead), the loop keeps serving the others, and resumes it when
 the head is due, so a wait longer than the session timeout never causes a rebalance and memory
