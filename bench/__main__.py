@@ -15,6 +15,11 @@ ratios to references measured in the same run:
 - ``mix``: mean hops, and the realistic mix's throughput computed from the intermediate hop;
 - ``skew``: lateness by the broker's clock of a worker whose clock runs 5 s ahead, and one 5 s
   behind, at 200 rec/s (p99 <= 100 ms, early 0; issue 23).
+- ``deploy``: a rolling deploy of two and of three workers (each stopped with SIGTERM and started
+  again, the next once it serves) under both guarantees, 200 rec/s due 2-12 s ahead: lateness of
+  the records due meanwhile (p99 <= 500 ms, max <= 2 s; issue 43), the share later than 100 ms;
+  ``--deploy-python`` runs another release's workers the same way, for its figures beside these.
+  A real broker only: the embedded one joins groups in seconds by design.
 
 Figures of ``relay`` and ``hops`` are the median of several runs after a warm-up; the others
 are single runs (a search, for ``saturation``).
@@ -32,16 +37,32 @@ import pstats
 import shutil
 import sys
 import time
+from dataclasses import asdict
 from functools import partial
 from typing import Any
 
 from bench import engine, redis_baseline, relay
 from bench.common import machine, repeat, sweep_topics
 from delayapp.core.clock import now_ms
+from delayapp.dev.chaos.procs import client_settings
+from delayapp.dev.deploy import LATE_MS, DeployConfig, RollingDeploy
 from delayapp.dev.embedded_broker import EmbeddedBroker
+from delayapp.engine.bootstrap import probe_groups
 from delayapp.engine.metadata import forbid_topic_auto_creation
 
-SECTIONS = ("relay", "hops", "mix", "saturation", "lateness", "burst", "skew", "backlog", "recovery", "redis")
+SECTIONS = (
+    "relay",
+    "hops",
+    "mix",
+    "saturation",
+    "lateness",
+    "burst",
+    "skew",
+    "backlog",
+    "recovery",
+    "redis",
+    "deploy",
+)
 OFFLINE_SECTIONS = {"mix"}  # computed from the planner alone
 # Sections whose targets are ratios to, or rates derived from, another section's figure of the
 # same run: that section runs too.
@@ -111,6 +132,7 @@ async def run(
     backlog_levels: list[int] | None = None,
     backlog_audit: tuple[bool, ...] = (False, True),
     saturation_given: float | None = None,
+    deploy_python: str | None = None,
 ) -> Report:
     report = Report()
 
@@ -449,7 +471,41 @@ async def run(
                 f"{per_record:,.0f} bytes (delayapp: the payload stays in Kafka; its worker: the backlog section)",
             )
     await sweep()
+    if "deploy" in sections:
+        await _deploy(report, bootstrap, quick=quick, other_python=deploy_python)
     return report
+
+
+async def _deploy(report: Report, bootstrap: str, *, quick: bool, other_python: str | None) -> None:
+    """The rolling deploy section (see the module; :mod:`delayapp.dev.deploy`)."""
+    if not (await probe_groups(client_settings(bootstrap))).apache_kafka_like:
+        report.add("rolling deploy", "not run: the embedded broker answers a JoinGroup after half the session timeout")
+        return
+    cases = (
+        [(2, "at_least_once")]
+        if quick
+        else [(2, "at_least_once"), (2, "exactly_once"), (3, "at_least_once"), (3, "exactly_once")]
+    )
+    results = []
+    for workers, guarantee in cases:
+        for release, python in (("this", None), ("other", other_python)):
+            if release == "other" and python is None:
+                continue
+            config = DeployConfig(broker=bootstrap, workers=workers, guarantee=guarantee, worker_python=python)
+            result = await RollingDeploy(config).run()
+            results.append({"release": release, **asdict(result)})
+            label = f"rolling deploy, {workers} workers, {guarantee}{'' if release == 'this' else ' (' + python + ')'}"
+            report.add(
+                f"{label}: lateness of the records due meanwhile (p50 / p99 / max, > {LATE_MS} ms)",
+                f"{result.p50_ms or 0:.0f} / {result.p99_ms or 0:.0f} / {result.max_ms or 0:.0f} ms, "
+                f"{100 * result.late_share:.1f} % ({result.due_during} records over {result.deploy_s:.0f} s; "
+                f"lost {result.lost}, early {result.early}, twice {result.twice}, loops reopened {result.reopened})",
+                "p99 <= 500 ms, max <= 2,000 ms" if release == "this" else "",
+                (result.ok and (result.p99_ms or 0) <= 500 and (result.max_ms or 0) <= 2_000)
+                if release == "this"
+                else None,
+            )
+    report.data["deploy"] = results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -488,6 +544,12 @@ def main(argv: list[str] | None = None) -> int:
         help="take this as one worker's saturation rate (rec/s) instead of searching for it: the lateness "
         "section alone, at 1,000 rec/s and at half this rate (to rerun the half-saturation point)",
     )
+    parser.add_argument(
+        "--deploy-python",
+        default=None,
+        help="the deploy section also rolls workers of another release: its virtual environment's python "
+        "(a checkout of that release with its own .venv), measured the same way in the same run",
+    )
     args = parser.parse_args(argv)
     forbid_topic_auto_creation()  # as the app does: no client of the bench's creates a topic by asking for it
     backlog_levels = [int(level) for level in args.backlog_levels.split(",") if level.strip()] or None
@@ -524,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
                 backlog_levels=backlog_levels,
                 backlog_audit=backlog_audit,
                 saturation_given=args.saturation_rate,
+                deploy_python=args.deploy_python,
             )
         )
     finally:

@@ -61,6 +61,21 @@ class Idempotence(str, enum.Enum):
     OFF = "off"
 
 
+class GroupProtocol(str, enum.Enum):
+    """The consumer group protocol of the record loops' groups (:mod:`delayapp.engine.groups`)."""
+
+    AUTO = "auto"  # KIP-848's where the broker offers it and lets the group heartbeat as often as asked, else classic
+    CLASSIC = "classic"  # the classic protocol, cooperative incremental rebalancing
+    CONSUMER = "consumer"  # KIP-848's (Kafka >= 4.0): a worker refuses to start without it
+
+
+class ClassicAssignor(str, enum.Enum):
+    """The record loops' assignor on the classic group protocol (:mod:`delayapp.engine.groups`)."""
+
+    RANGE = "range"  # co-partitions a denomination and its priority lane; every member change is one short round
+    COOPERATIVE_STICKY = "cooperative-sticky"  # incremental (KIP-429): only what moves stops, in two rounds
+
+
 class OnMalformed(str, enum.Enum):
     """What a reader does with a record it cannot use (:mod:`delayapp.core.malformed`)."""
 
@@ -114,12 +129,43 @@ class Settings(BaseSettings):
     ssl_certfile: str | None = Field(None, description="client certificate for mutual TLS")
     ssl_keyfile: str | None = Field(None, description="client private key for mutual TLS")
     session_timeout_ms: int = Field(10_000, description="consumer group session timeout (Tansu joins take half of it)")
-    heartbeat_interval_ms: int = Field(2_500, description="consumer group heartbeat interval")
+    # 500 ms: a member hears of a rebalance at its next heartbeat (classic protocol), so a worker
+    # that leaves hands its partitions over within about one interval: at 2.5 s a rolling deploy
+    # made records due meanwhile seconds late (docs/production.md: Rolling deploys)
+    heartbeat_interval_ms: int = Field(
+        500,
+        description="consumer group heartbeat interval: how soon a member hears that partitions move "
+        "(under KIP-848 asked of the broker per group, within its group.consumer.min/max.heartbeat.interval.ms)",
+    )
+    group_protocol: GroupProtocol = Field(
+        GroupProtocol.AUTO,
+        description="consumer group protocol of the record loops: auto (KIP-848's consumer protocol where the "
+        "broker offers it and allows the heartbeat interval and session timeout, else classic), classic, "
+        "consumer (KIP-848, Kafka >= 4.0: incremental, a denomination and its priority lane on one worker; "
+        "refused at start where the broker lacks it)",
+    )
+    classic_assignor: ClassicAssignor = Field(
+        ClassicAssignor.RANGE,
+        description="the record loops' assignor on the classic protocol: range (a denomination and its priority "
+        "lane on one worker; a member change pauses every partition for one short round) or cooperative-sticky "
+        "(only what moves pauses, for about a second: librdkafka's second round; lanes may split); a worker "
+        "joining a group whose live members use the other one follows them (docs/production.md: Rolling deploys)",
+    )
+    static_membership: bool = Field(
+        False,
+        description="the record loops join their groups as static members (group.instance.id from "
+        "DELAYAPP_INSTANCE_ID): a worker back within the session timeout gets its partitions without a "
+        "rebalance, but they wait for it meanwhile, even after a clean stop (docs/production.md)",
+    )
     fetch_max_wait_ms: int = Field(
         100, description="longest a fetch waits for data; bounds hop latency on brokers without long-poll wake-up"
     )
     replication_factor: int = Field(
-        1, description="replication factor of the topics delayapp creates (3 in production)"
+        -1,
+        ge=-1,
+        description="replication factor of the topics delayapp creates: -1 takes the broker's "
+        "default.replication.factor (KIP-464; 1 on a broker without it); a worker warns at start when a topic "
+        "keeps records on one broker only or acknowledges writes held by one",
     )
 
     # -- topology -----------------------------------------------------------------------------

@@ -282,6 +282,34 @@ def config_warnings(specs: list[TopicSpec], configs: dict[str, dict[str, str]]) 
     return warnings
 
 
+MIN_INSYNC_REPLICAS = "min.insync.replicas"
+
+
+def durability_warnings(replication: dict[str, int], min_insync: dict[str, int]) -> list[str]:
+    """Sentences for topics that keep waiting records where one broker's loss loses them: a
+    replication factor of 1, or a replicated topic whose ``min.insync.replicas`` lets an
+    ``acks=all`` write be acknowledged while one broker alone holds it (``replication`` and
+    ``min_insync`` per topic, as the broker reports them; a topic it does not report gives none).
+    One sentence per finding, naming every topic it concerns and the setting that fixes it."""
+    single = sorted(name for name, factor in replication.items() if factor == 1)
+    weak = sorted(name for name, factor in replication.items() if factor > 1 and min_insync.get(name, 2) < 2)
+    warnings = []
+    if single:
+        warnings.append(
+            f"replication factor 1 on {', '.join(single)}: their records live on one broker, and a disk lost there "
+            "loses them; in production create delayapp's topics with DELAYAPP_REPLICATION_FACTOR=3 (or -1 on "
+            "brokers whose default.replication.factor is 3) (docs/production.md: Production checklist)"
+        )
+    for name in weak:
+        warnings.append(
+            f"topic {name} has replication factor {replication[name]} but {MIN_INSYNC_REPLICAS}="
+            f"{min_insync[name]}: a write is acknowledged while one broker alone holds it, and that broker's loss "
+            f"loses it; set {MIN_INSYNC_REPLICAS}=2 (kafka-configs --alter --entity-type topics --entity-name "
+            f"{name} --add-config {MIN_INSYNC_REPLICAS}=2, or on the brokers)"
+        )
+    return warnings
+
+
 def topic_configs(spec: TopicSpec) -> dict[str, str]:
     configs = {CLEANUP_POLICY: spec.cleanup_policy}
     if spec.retention_ms > 0 or not spec.compacted:

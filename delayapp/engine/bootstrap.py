@@ -1,5 +1,6 @@
 """What a worker does with the broker before its loops start: topics created and checked, and
-the broker's capabilities probed (transactions, offset-commit metadata) and said in the log."""
+the broker's capabilities probed (transactions, offset-commit metadata, consumer group protocols)
+and said in the log."""
 
 from __future__ import annotations
 
@@ -8,12 +9,21 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import AdminClient, ResourceType
+from confluent_kafka.admin import ConfigResource as RdConfigResource
 
 from delayapp.core.errors import TopicLayoutError
 from delayapp.core.layout import TopicLayout, earlier_default_ladder, retired_delay_topics
 from delayapp.engine.errors import BrokerFeatureMissing
-from delayapp.engine.topics import configured_topic_specs, ensure_topics
+from delayapp.engine.groups import (
+    CONSUMER_GROUP_HEARTBEAT_API_KEY,
+    OFFSET_FOR_LEADER_EPOCH_API_KEY,
+    BrokerGroups,
+    consumer_group_configs,
+)
+from delayapp.engine.topics import check_durability, configured_topic_specs, ensure_topics
 from delayapp.settings import Guarantee, Idempotence, Settings
 
 log = logging.getLogger(__name__)
@@ -42,11 +52,123 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
                 "(docs/design.md: Changing the ladder)"
             )
         specs = configured_topic_specs(s, layout)
-        return await ensure_topics(
-            admin, specs, create=s.create_topics, replication_factor=s.replication_factor, margin_ms=s.retention_margin
+        replication = s.replication_factor if s.replication_factor > 0 else await broker_default_replication(admin)
+        created = await ensure_topics(
+            admin, specs, create=s.create_topics, replication_factor=replication, margin_ms=s.retention_margin
+        )
+        await check_durability(admin, [spec.name for spec in specs])
+        return created
+    finally:
+        await admin.close()
+
+
+async def replication_factor(settings: Settings) -> int:
+    """The replication factor of the topics a worker creates (its own, and Faust's internal
+    ones): ``DELAYAPP_REPLICATION_FACTOR``, or the broker's default where it is -1."""
+    if settings.replication_factor > 0:
+        return settings.replication_factor
+    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    await admin.start()
+    try:
+        return await broker_default_replication(admin)
+    finally:
+        await admin.close()
+
+
+async def broker_default_replication(admin: AIOKafkaAdminClient) -> int:
+    """The broker's ``default.replication.factor`` (what ``DELAYAPP_REPLICATION_FACTOR=-1`` asks
+    for, as Kafka Streams' ``replication.factor=-1``, KIP-464); 1 where the broker does not say.
+
+    Read and passed explicitly rather than sent as -1: aiokafka's CreateTopics stops at version 3,
+    below the one that lets the broker choose."""
+    try:
+        node = next(iter(admin._client.cluster.brokers())).nodeId  # any broker: the setting is cluster-wide in practice
+        response = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.BROKER, str(node), configs={"default.replication.factor": None})]
+        )
+        for resource in response[0].resources:
+            for entry in resource[4]:
+                if entry[0] == "default.replication.factor" and entry[1] is not None:
+                    factor = int(entry[1])
+                    log.info("replication factor of new topics: %d (the broker's default.replication.factor)", factor)
+                    return factor
+    except Exception as exc:  # the embedded broker closes the connection on DescribeConfigs
+        log.warning(
+            "the broker does not report its default.replication.factor (%s: %s): new topics get replication "
+            "factor 1; set DELAYAPP_REPLICATION_FACTOR",
+            type(exc).__name__,
+            exc,
+        )
+    return 1
+
+
+async def probe_groups(settings: Settings) -> BrokerGroups:
+    """What the broker offers the record loops' groups: whether it lists KIP-848's
+    ConsumerGroupHeartbeat, and the minimum heartbeat interval and session timeout it allows."""
+    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    await admin.start()
+    try:
+        client = admin._client  # aiokafka keeps each connection's ApiVersions answer (no public reading)
+        node = next(iter(client.cluster.brokers())).nodeId
+        conn = await client._get_conn(node)
+        versions = getattr(conn, "_versions", {}) if conn is not None else {}
+        kafka_like = OFFSET_FOR_LEADER_EPOCH_API_KEY in versions
+        if CONSUMER_GROUP_HEARTBEAT_API_KEY not in versions:
+            return BrokerGroups(apache_kafka_like=kafka_like)
+        keys = ["group.consumer.min.heartbeat.interval.ms", "group.consumer.min.session.timeout.ms"]
+        reported: dict[str, int] = {}
+        try:
+            response = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.BROKER, str(node), configs={key: None for key in keys})]
+            )
+            for resource in response[0].resources:
+                reported.update({e[0]: int(e[1]) for e in resource[4] if e[0] in keys and e[1] is not None})
+        except Exception as exc:
+            log.warning("could not read the broker's group minimums (%s)", exc)
+        return BrokerGroups(
+            offers_consumer_protocol=True,
+            min_heartbeat_interval_ms=reported.get(keys[0]),
+            min_session_timeout_ms=reported.get(keys[1]),
+            apache_kafka_like=kafka_like,
         )
     finally:
         await admin.close()
+
+
+def live_assignors(settings: Settings, group_ids: list[str]) -> dict[str, str]:
+    """The classic assignor the live members of each of ``group_ids`` use now, as the broker
+    describes the groups (absent: empty, or not described); empty where the broker cannot say
+    (blocking; run in a thread)."""
+    admin = AdminClient(settings.librdkafka_connection())
+    found = {}
+    try:
+        for group, future in admin.describe_consumer_groups(group_ids, request_timeout=15).items():
+            described = future.result(timeout=20)
+            if described.members and described.partition_assignor:
+                found[group] = described.partition_assignor
+    except Exception as exc:  # a broker that does not describe groups: nothing to follow
+        log.warning("could not describe the loops' consumer groups (%s); following none", exc)
+    return found
+
+
+def set_group_configs(settings: Settings, broker: BrokerGroups, group_ids: list[str]) -> None:
+    """Under KIP-848: ask the broker for the heartbeat interval and session timeout of the
+    loops' groups (dynamic group configs, Kafka >= 4.0); where refused, the broker's defaults
+    apply and the log says so (blocking; run in a thread)."""
+    configs = consumer_group_configs(settings, broker)
+    admin = AdminClient(settings.librdkafka_connection())
+    resources = [RdConfigResource(ResourceType.GROUP, group, set_config=configs) for group in group_ids]
+    try:
+        for future in admin.alter_configs(resources, request_timeout=15).values():
+            future.result(timeout=20)
+        log.info("group configs of %d groups: %s", len(group_ids), configs)
+    except Exception as exc:
+        log.warning(
+            "could not set the groups' %s (%s): the broker's group.consumer.heartbeat.interval.ms applies, "
+            "and partitions move at most that late after a member change",
+            configs,
+            exc,
+        )
 
 
 async def list_retired_topics(settings: Settings, layout: TopicLayout) -> list[str]:

@@ -9,7 +9,10 @@ are listed in the broker notes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from delayapp.engine.groups import GroupMembership
+from delayapp.settings import GroupProtocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,5 +29,11 @@ class BrokerCapabilities:
     commit_metadata_kept: bool = True
     #: workaround: leave the group only as a settled member (joined, and a heartbeat and a half
     #: without news), since the embedded broker (Tansu 0.6) waits for ever for the assignment of
-    #: a leader that left mid-rebalance; costs at most a session timeout at each close
+    #: a leader that left mid-rebalance; costs at most a session timeout at each close, during
+    #: which the closing loop releases nothing: on for brokers that do not fetch by leader epoch
+    #: (:attr:`delayapp.engine.groups.BrokerGroups.apache_kafka_like`), off for Apache Kafka
     settle_before_leaving: bool = True
+    #: the group protocol of the loops' groups, chosen at start (:mod:`delayapp.engine.groups`)
+    membership: GroupMembership = field(
+        default_factory=lambda: GroupMembership(GroupProtocol.CLASSIC, "the default", static=False)
+    )

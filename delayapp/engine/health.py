@@ -7,9 +7,12 @@
   :data:`WEDGED_AFTER_S` is wedged: restarting the process is the remedy. A broker that restarts
   makes loops reopen and wait, which is not a reason to restart the worker.
 * **Readiness** (``/ready``): does the worker move records now? Not while the engine is starting,
-  a loop is not running (opening or reopening its clients, waiting for the broker), the cancel
-  registry has not caught up, or a loop holds due records it has not moved for the readiness
-  threshold. An idle loop is ready.
+  a loop is not running (opening or reopening its clients, waiting for the broker), a loop's
+  group has not settled (no assignment yet, or one that changed within a settle time: under
+  incremental rebalancing a new member's first assignment is often empty and its partitions
+  follow in a second round, so an orchestrator that stops the next worker as soon as this one
+  answers 200 would stop it before anything moved here), the cancel registry has not caught up,
+  or a loop holds due records it has not moved for the readiness threshold. An idle loop is ready.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class LoopHealth:
     since_pass_s: float  # seconds since the thread's latest pass or attempt to open its clients
     running: bool  # its clients are open and it consumes
     unmoved_due_s: float  # longest a partition of it has held due records without moving one (0: none)
+    joining: bool = False  # its group has not settled: no assignment yet, or one that changed just now
 
 
 def wedged(loops: list[LoopHealth], *, after_s: float = WEDGED_AFTER_S) -> dict[str, str]:
@@ -48,6 +52,9 @@ def waiting_for(loops: list[LoopHealth] | None, *, threshold_s: float, cancels_c
         return ["the engine is starting"]
     reasons = [
         f"{lp.name}: not running (opening its clients: waiting for the broker)" for lp in loops if not lp.running
+    ]
+    reasons += [
+        f"{lp.name}: joining its group (partitions may still move to it)" for lp in loops if lp.running and lp.joining
     ]
     reasons += [
         f"{lp.name}: holds due records it has not moved for {lp.unmoved_due_s:.0f} s"

@@ -72,6 +72,7 @@ from delayapp.engine.committer import (
     ExactlyOnceCommitter,
     Outcome,
 )
+from delayapp.engine.groups import consumer_group_config, rebalances_incrementally
 from delayapp.engine.handler import Handler
 from delayapp.engine.health import LoopHealth
 from delayapp.engine.liveness import LivenessCheck, LoopStalled
@@ -87,7 +88,6 @@ librdkafka_log = logging.getLogger("delayapp.librdkafka")
 
 IDLE_POLL_MS = 100  # longest a poll blocks when nothing waits and nothing is in flight
 FETCH_QUEUE_BACKOFF_MS = 5  # how soon librdkafka fetches again for a partition whose read-ahead was full
-REBALANCE_TIMEOUT_MS = 15_000  # at least the session timeout
 
 
 class HopLoop(Service):
@@ -187,6 +187,11 @@ class HopLoop(Service):
         self._session: object | None = None  # the clients opened last (see _open)
         self._joined = False  # True from an assignment to the next revocation: the group is not rebalancing
         self._joined_at = 0.0  # monotonic s of the last assignment
+        # monotonic s of the latest change of this loop's assignment (None: none since its clients
+        # opened): the group has settled once it is older than settle_s (the readiness probe)
+        self._assignment_changed_s: float | None = None
+        self.settle_s = max(1.0, 2 * settings.heartbeat_interval_ms / 1000)
+        self._incremental = False  # the group rebalances incrementally (set with the clients: engine.groups)
         self._stopping = threading.Event()
         # monotonic s of the loop thread's latest pass (or attempt to open its clients): a loop
         # whose thread stops passing is wedged (the liveness probe), one that passes is alive
@@ -218,7 +223,15 @@ class HopLoop(Service):
             since_pass_s=now_s - self.pass_at_s,
             running=self.running.is_set(),
             unmoved_due_s=max(0.0, unmoved),
+            joining=self.joining(now_s),
         )
+
+    def joining(self, now_s: float) -> bool:
+        """Whether this loop's group has not settled: no assignment since its clients opened, or
+        one that changed within ``settle_s`` (two heartbeats: under incremental rebalancing the
+        partitions a new member takes often come in a second round, within about a heartbeat)."""
+        changed = self._assignment_changed_s
+        return changed is None or now_s - changed < self.settle_s
 
     def assignment(self) -> set[PartitionKey]:
         """The partitions this loop serves now, as (topic, partition)."""
@@ -314,35 +327,32 @@ class HopLoop(Service):
         producer_extra, consumer_extra = self.committer_kind.client_config(s, name=self.name, broker=self.broker)
         self._producer = Producer({**producer_config, **producer_extra, **overrides})
         self.committer_kind.prepare(self._producer, settings=s, stopping=self._stopping, waiting=self._still_opening)
-        self._consumer = Consumer(
-            {
-                **common,
-                "group.id": self.group_id,
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                # never reset silently: no commit → each assignment starts at the beginning (see
-                # _on_assign); a commit the log no longer holds → an alarm (see _reset)
-                "auto.offset.reset": "error",
-                "session.timeout.ms": s.session_timeout_ms,
-                "heartbeat.interval.ms": s.heartbeat_interval_ms,
-                # librdkafka sends this as the JoinGroup's rebalance timeout: a broker may wait that
-                # long for a member that died mid-rebalance (the embedded one does, 300 s by default).
-                # The loop polls at least every 100 ms; only a batch's writes can hold it longer.
-                "max.poll.interval.ms": max(s.session_timeout_ms, REBALANCE_TIMEOUT_MS),
-                "fetch.wait.max.ms": s.fetch_max_wait_ms,
-                "queued.max.messages.kbytes": max(1024, s.max_queued_bytes // 1024 // 4),
-                # librdkafka postpones the next fetch of a partition whose read-ahead is full by
-                # 1 s by default: a loop that empties it in less waits idle (measured: 40 % of a
-                # hop's time on Apache Kafka), so the fetcher looks again soon
-                "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
-                "partition.assignment.strategy": "range",
-                "on_commit": self._committed,
-                **consumer_extra,
-                **overrides,
-            }
-        )
+        consumer_config = {
+            **common,
+            "group.id": self.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            # never reset silently: no commit → each assignment starts at the beginning (see
+            # _on_assign); a commit the log no longer holds → an alarm (see _reset)
+            "auto.offset.reset": "error",
+            # the group protocol and assignor chosen at start, and the timeouts that go with
+            # them (engine.groups: what a member change costs the records due meanwhile)
+            **consumer_group_config(s, self.broker.membership, loop_name=self.name),
+            "fetch.wait.max.ms": s.fetch_max_wait_ms,
+            "queued.max.messages.kbytes": max(1024, s.max_queued_bytes // 1024 // 4),
+            # librdkafka postpones the next fetch of a partition whose read-ahead is full by
+            # 1 s by default: a loop that empties it in less waits idle (measured: 40 % of a
+            # hop's time on Apache Kafka), so the fetcher looks again soon
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+            "on_commit": self._committed,
+            **consumer_extra,
+            **overrides,
+        }
+        self._incremental = rebalances_incrementally(consumer_config)
+        self._consumer = Consumer(consumer_config)
         self._wire(self._producer, self._consumer)
         self._joined = False
+        self._assignment_changed_s = None
         self._consumer.subscribe(
             self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
@@ -388,7 +398,7 @@ class HopLoop(Service):
         producer_usable = committer is None or not committer.producer_unusable
         try:
             if consumer is not None:
-                if self.broker.settle_before_leaving:
+                if self.broker.settle_before_leaving:  # the embedded broker only (see capabilities)
                     self._finish_joining(consumer)
                 # closing revokes the assignment: after a clean run _on_revoke commits what was written
                 consumer.close()
@@ -450,8 +460,14 @@ class HopLoop(Service):
             self.tasks.adopt((tp.topic, tp.partition), offset, tp.metadata, now_s=now_s)
             self._broker_commits[(tp.topic, tp.partition)] = (offset, tp.metadata or "")
             starts.append(TopicPartition(tp.topic, tp.partition, offset if offset is not None else OFFSET_BEGINNING))
-        consumer.assign(starts)
+        # 6. Incremental protocols hand over only what is added: every other partition is
+        #    served on as it was (its queue, its position, its pause).
+        if self._incremental:
+            consumer.incremental_assign(starts)
+        else:
+            consumer.assign(starts)
         self._joined, self._joined_at = True, time.monotonic()
+        self._assignment_changed_s = self._joined_at
         self.stats.rebalances += 1
         log.info(
             "%s: assigned %d partitions of %s, from %s",
@@ -462,10 +478,15 @@ class HopLoop(Service):
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # 1. Still a member of the old generation: finish what is in flight, forward first,
-        #    then commit (the next owner starts at that commit).
-        # 2. Drop what was fetched for the revoked partitions.
-        self._joined = False
+        # 1. Still the partitions' owner: finish what is in flight, forward first, then commit
+        #    (the next owner starts at that commit). Incremental protocols revoke only what
+        #    moves, and only after the partitions kept are known: the others are served on.
+        # 2. Drop what was fetched for the revoked partitions (librdkafka unassigns them once
+        #    this returns).
+        if not self._incremental or set(self.assignment()) <= {(tp.topic, tp.partition) for tp in partitions}:
+            self._joined = False
+        if partitions:
+            self._assignment_changed_s = time.monotonic()
         committer = self._committer
         if committer is not None:
             try:
@@ -590,12 +611,15 @@ class HopLoop(Service):
         self._pending_seeks.clear()
         consumer = self._consumer
         assert consumer is not None
-        consumer.assign(
-            [
-                TopicPartition(t, p, OFFSET_BEGINNING if position is None else position)
-                for (t, p), position in positions.items()
-            ]
-        )
+        starts = [
+            TopicPartition(t, p, OFFSET_BEGINNING if position is None else position)
+            for (t, p), position in positions.items()
+        ]
+        if self._incremental:  # outside a rebalance only incremental changes are allowed
+            consumer.incremental_unassign([TopicPartition(t, p) for t, p in positions])
+            consumer.incremental_assign(starts)
+        else:
+            consumer.assign(starts)
 
     def _alarm(self, key: PartitionKey) -> None:
         """Log and count the records of ``key`` that retention deleted before they were forwarded."""

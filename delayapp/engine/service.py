@@ -31,11 +31,15 @@ from delayapp.engine.bootstrap import (
     bootstrap_topics,
     keeps_commit_metadata,
     list_retired_topics,
+    live_assignors,
+    probe_groups,
     probe_idempotence,
     probe_transactions,
+    set_group_configs,
 )
 from delayapp.engine.cancel_registry import DAY_MS, CancelRegistry
 from delayapp.engine.capabilities import BrokerCapabilities
+from delayapp.engine.groups import choose_membership
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.known_topics import KnownTopics
 from delayapp.engine.lag import LagSampler
@@ -182,6 +186,12 @@ class DelayEngine(Service):
                 "broker capability: offset-commit metadata is NOT kept; records released ahead of a waiting "
                 "head may be released again after a rebalance or restart (at-least-once; de-duplicate by recordId)"
             )
+        groups = await probe_groups(s)
+        # a group's live members must share an assignor: one of another setting is followed
+        main_groups = [f"{s.app_id}.router"] + [
+            delay_group_id(s.app_id, s.topic_prefix, topic) for topic in self.layout.delay_topics.values()
+        ]
+        membership = choose_membership(s, groups, await asyncio.to_thread(live_assignors, s, main_groups))
         await self.known_topics.refresh()
         await self._probe_clock()
         if self.clock.measured:
@@ -206,7 +216,12 @@ class DelayEngine(Service):
             states_topic=states,
             observer=self.metrics.observe,
             hops_observer=self.metrics.observe_hops,
-            broker=BrokerCapabilities(idempotent=idempotent, commit_metadata_kept=metadata_kept),
+            broker=BrokerCapabilities(
+                idempotent=idempotent,
+                commit_metadata_kept=metadata_kept,
+                settle_before_leaving=not groups.apache_kafka_like,
+                membership=membership,
+            ),
             # every loop can deliver: each re-checks that targets exist (shared, cached list)
             before_decide=self.known_topics.ensure if s.check_target_exists else None,
             targets_settled=self.known_topics.settled,
@@ -215,7 +230,7 @@ class DelayEngine(Service):
             loop=self.loop,
             beacon=self.beacon,
         )
-        router = RouterLoop(name="router", topic=self.layout.ingress, group_id=f"{s.app_id}.router", **common)
+        router = RouterLoop(name="router", topic=self.layout.ingress, group_id=main_groups[0], **common)
         self.loops = [router] + [
             HopLoop(
                 name=f"delay-{self.settings.ladder.label(d)}",
@@ -236,6 +251,14 @@ class DelayEngine(Service):
                 await self.retired.sample(now_ms())
             except Exception as exc:  # the timer samples again
                 log.warning("could not count the records in the retired delay topics yet (%s)", exc)
+        # which protocol each group uses, said once per group (the read model's group is Faust's: classic)
+        log.info(
+            "consumer groups %s: %s",
+            ", ".join(f"{hop_loop.group_id} ({hop_loop.label})" for hop_loop in self.loops),
+            membership.describe(),
+        )
+        if membership.consumer_protocol:
+            await asyncio.to_thread(set_group_configs, s, groups, [hop_loop.group_id for hop_loop in self.loops])
         tune_collector()
         for hop_loop in self.loops:
             await self.add_runtime_dependency(hop_loop)

@@ -11,10 +11,12 @@ from aiokafka.errors import KafkaError
 from delayapp.core.errors import TopicLayoutError
 from delayapp.core.layout import (
     CLEANUP_POLICY,
+    MIN_INSYNC_REPLICAS,
     TIMESTAMP_TYPE,
     TopicLayout,
     TopicSpec,
     config_warnings,
+    durability_warnings,
     retention_problems,
     topic_configs,
     topic_specs,
@@ -79,6 +81,27 @@ async def ensure_topics(
     for warning in config_warnings(specs, configs):
         log.warning("%s", warning)
     return [s.name for s in missing]
+
+
+async def check_durability(admin: AIOKafkaAdminClient, names: list[str]) -> None:
+    """Warn, naming the topic and the setting, where a topic of ``names`` keeps its records on one
+    broker or acknowledges a write held by one (:func:`durability_warnings`); a broker that
+    reports no topic configs (the embedded one) is checked for its replication factors only."""
+    try:
+        topics = await admin.describe_topics(names)
+        replication = {
+            t["topic"]: min(len(p["replicas"]) for p in t["partitions"]) for t in topics if t.get("partitions")
+        }
+    except KafkaError as exc:
+        log.warning("could not read the replication factor of delayapp's topics (%s)", type(exc).__name__)
+        return
+    try:
+        configs = await describetopic_configs(admin, names, [MIN_INSYNC_REPLICAS])
+        min_insync = {name: int(c[MIN_INSYNC_REPLICAS]) for name, c in configs.items() if MIN_INSYNC_REPLICAS in c}
+    except KafkaError:
+        min_insync = {}
+    for warning in durability_warnings(replication, min_insync):
+        log.warning("%s", warning)
 
 
 async def describetopic_configs(

@@ -20,7 +20,7 @@ from typing import Any
 import faust
 
 from delayapp.compat.loops import compat_loops
-from delayapp.engine.bootstrap import bootstrap_topics
+from delayapp.engine.bootstrap import bootstrap_topics, replication_factor
 from delayapp.engine.connect import check_broker_access
 from delayapp.engine.metadata import forbid_topic_auto_creation
 from delayapp.engine.service import DelayEngine
@@ -88,6 +88,8 @@ class DelayApp(faust.App):
         # A wrong password or an untrusted certificate: say so and stop, before the clients
         # start and retry it as if it were a network fault.
         await check_broker_access(settings)
+        # Faust's own topics (its leader topic) are replicated as delayapp's: -1 is the broker's default
+        self.conf.topic_replication_factor = await replication_factor(settings)
         await super().on_first_start()
         created = await bootstrap_topics(settings, layout)
         if created:
@@ -113,7 +115,8 @@ app = DelayApp(
     broker_credentials=_broker_credentials(),
     store=settings.store,
     topic_partitions=settings.partitions,
-    topic_replication_factor=settings.replication_factor,
+    # -1 (the broker's default) is read from the broker at start (on_first_start): Faust takes no -1
+    topic_replication_factor=max(settings.replication_factor, 1),
     broker_session_timeout=settings.session_timeout_ms / 1000,
     broker_heartbeat_interval=settings.heartbeat_interval_ms / 1000,
     processing_guarantee="at_least_once",  # delayapp runs no Faust agent of its own: users' agents

@@ -63,3 +63,21 @@ def test_a_deployment_on_an_earlier_default_ladder_is_told_which_ladder_to_keep(
         assert retired and earlier_default_ladder(layout, retired) == earlier
     assert earlier_default_ladder(layout, ["dx.delay.7s"]) is None  # someone else's ladder: no guess
     assert earlier_default_ladder(layout, []) is None
+
+
+def test_durability_warnings_name_topics_on_one_broker_and_weak_min_insync() -> None:
+    from delayapp.core.layout import durability_warnings
+
+    assert durability_warnings({"p.ingress": 3, "p.audit": 3}, {"p.ingress": 2, "p.audit": 2}) == []
+    single, *weak = durability_warnings(
+        {"p.ingress": 1, "p.audit": 1, "p.delay.1s": 3, "p.dlq": 3}, {"p.delay.1s": 1, "p.dlq": 2}
+    )
+    assert single.startswith("replication factor 1 on p.audit, p.ingress:")
+    assert "DELAYAPP_REPLICATION_FACTOR=3" in single
+    assert weak == [
+        "topic p.delay.1s has replication factor 3 but min.insync.replicas=1: a write is acknowledged while one "
+        "broker alone holds it, and that broker's loss loses it; set min.insync.replicas=2 (kafka-configs --alter "
+        "--entity-type topics --entity-name p.delay.1s --add-config min.insync.replicas=2, or on the brokers)"
+    ]
+    # a topic whose min.insync.replicas the broker does not report gives no warning of that kind
+    assert durability_warnings({"p.ingress": 3}, {}) == []

@@ -40,3 +40,14 @@ def test_only_a_thread_that_ended_or_stopped_passing_is_wedged() -> None:
         "router": f"its thread has made no pass for {WEDGED_AFTER_S:.0f} s"
     }
     assert wedged([loop(thread_alive=False)]) == {"router": "its thread has ended"}
+
+
+def test_a_loop_whose_group_has_not_settled_is_not_ready() -> None:
+    # a rolling deploy stops the next worker once this one answers 200: not before its partitions came
+    assert waiting_for([loop(joining=True), loop("delay-1s")], threshold_s=10, cancels_caught_up=True) == [
+        "router: joining its group (partitions may still move to it)"
+    ]
+    # a loop that is not running says that, not both
+    assert waiting_for([loop(joining=True, running=False)], threshold_s=10, cancels_caught_up=True) == [
+        "router: not running (opening its clients: waiting for the broker)"
+    ]

@@ -174,10 +174,19 @@ class WorkerProcess:
     """A real ``faust -A <app> worker`` process with its own environment and log file."""
 
     def __init__(
-        self, env: dict[str, str], app: str = "delayapp", name: str | None = None, *, clock_offset_ms: int = 0
+        self,
+        env: dict[str, str],
+        app: str = "delayapp",
+        name: str | None = None,
+        *,
+        clock_offset_ms: int = 0,
+        python: str | None = None,
     ) -> None:
         self.name = name or unique("worker-")
         self.app = app
+        # the interpreter that runs it: another release's virtual environment (its own delayapp)
+        # for a comparison run; None: this one's
+        self.python = python or sys.executable
         # its wall clock this much ahead of the machine's (negative: behind), as Python reads it
         # (delayapp.dev.skewed_clock); 0: the machine's
         self.clock_offset_ms = clock_offset_ms
@@ -199,7 +208,7 @@ class WorkerProcess:
             log.write(f"--- start {time.strftime('%H:%M:%S')} ---\n".encode())
             skewed = ["-m", "delayapp.dev.skewed_clock", str(self.clock_offset_ms)] if self.clock_offset_ms else ["-m"]
             self.process = subprocess.Popen(
-                [sys.executable, *skewed, "faust", "-A", self.app, "worker", "-l", "info"],
+                [self.python, *skewed, "faust", "-A", self.app, "worker", "-l", "info"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,
