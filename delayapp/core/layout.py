@@ -295,8 +295,9 @@ def durability_warnings(replication: dict[str, int], min_insync: dict[str, int])
     weak = sorted(name for name, factor in replication.items() if factor > 1 and min_insync.get(name, 2) < 2)
     warnings = []
     if single:
+        which = f"all {len(single)} topics" if len(single) == len(replication) > 3 else ", ".join(single)
         warnings.append(
-            f"replication factor 1 on {', '.join(single)}: their records live on one broker, and a disk lost there "
+            f"replication factor 1 on {which}: their records live on one broker, and a disk lost there "
             "loses them; in production create delayapp's topics with DELAYAPP_REPLICATION_FACTOR=3 (or -1 on "
             "brokers whose default.replication.factor is 3) (docs/production.md: Production checklist)"
         )

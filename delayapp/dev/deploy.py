@@ -225,7 +225,9 @@ class RollingDeploy:
     async def _send(self) -> None:
         """Records at ``rate`` per second, each due 2-12 s ahead, until told to stop."""
         c = self.config
-        producer = AIOKafkaProducer(**client_kwargs(c.broker, c.env), acks="all", linger_ms=5)
+        # idempotent: a send retried while a broker restarts is not written twice (a duplicate input
+        # record would be delivered twice by any guarantee: two records with one id)
+        producer = AIOKafkaProducer(**client_kwargs(c.broker, c.env), acks="all", linger_ms=5, enable_idempotence=True)
         await producer.start()
         try:
             n, started = 0, time.monotonic()

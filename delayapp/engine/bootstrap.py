@@ -53,11 +53,20 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
             )
         specs = configured_topic_specs(s, layout)
         replication = s.replication_factor if s.replication_factor > 0 else await broker_default_replication(admin)
-        created = await ensure_topics(
+        return await ensure_topics(
             admin, specs, create=s.create_topics, replication_factor=replication, margin_ms=s.retention_margin
         )
-        await check_durability(admin, [spec.name for spec in specs])
-        return created
+    finally:
+        await admin.close()
+
+
+async def check_topic_durability(settings: Settings, layout: TopicLayout) -> None:
+    """Warn where delayapp's topics keep records on one broker or acknowledge a write held by one
+    (:func:`delayapp.engine.topics.check_durability`); once per worker start."""
+    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    await admin.start()
+    try:
+        await check_durability(admin, [spec.name for spec in configured_topic_specs(settings, layout)])
     finally:
         await admin.close()
 

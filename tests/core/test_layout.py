@@ -81,3 +81,10 @@ def test_durability_warnings_name_topics_on_one_broker_and_weak_min_insync() -> 
     ]
     # a topic whose min.insync.replicas the broker does not report gives no warning of that kind
     assert durability_warnings({"p.ingress": 3}, {}) == []
+
+
+def test_a_layout_all_on_one_broker_is_said_in_one_short_sentence() -> None:
+    from delayapp.core.layout import durability_warnings
+
+    (warning,) = durability_warnings({f"p.t{n}": 1 for n in range(30)}, {})
+    assert warning.startswith("replication factor 1 on all 30 topics:") and "p.t7" not in warning

@@ -123,3 +123,55 @@ def test_a_drain_holds_the_loop_a_moment_a_pass_until_the_oldest_batch_is_old(
     committer.in_flight[0].started_s -= DRAIN_BY_MS / 1000
     with pytest.raises(EmitTimeout):
         committer.settle(wait_s=0)
+
+
+def test_a_transactional_call_is_made_again_in_slices_while_its_error_is_retriable() -> None:
+    # a coordinator that moves: librdkafka's call times out or fails retriably, and the same
+    # call made again resumes (measured: one 60 s call waited 35 s on a moved group coordinator;
+    # 1 s slices, retried, at most 1.9 s)
+    from confluent_kafka import KafkaError, KafkaException
+
+    from delayapp.engine.committer import in_slices
+
+    outcomes = [
+        KafkaException(KafkaError(KafkaError._TIMED_OUT, "slice timed out", retriable=True)),
+        KafkaException(KafkaError(KafkaError._TRANSPORT, "coordinator went away", retriable=True)),
+        None,
+    ]
+    calls, progress = [], [0.0]
+
+    def call() -> None:
+        calls.append(1)
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+
+    in_slices(call, time.monotonic() + 10, progress)
+    assert len(calls) == 3 and progress[0] > 0  # each slice that came back is progress
+
+
+def test_a_transactional_call_gives_up_on_an_abortable_or_fatal_error_or_at_its_deadline() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from delayapp.engine.committer import in_slices
+
+    abortable = KafkaException(KafkaError(KafkaError._TIMED_OUT, "x", retriable=True, txn_requires_abort=True))
+    fatal = KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    for failure in (abortable, fatal):
+
+        def fail(failure: KafkaException = failure) -> None:
+            raise failure
+
+        with pytest.raises(KafkaException) as raised:
+            in_slices(fail, time.monotonic() + 10)
+        assert raised.value is failure
+    retriable = KafkaException(KafkaError(KafkaError._TIMED_OUT, "slice timed out", retriable=True))
+    calls = []
+
+    def always_retriable() -> None:
+        calls.append(1)
+        raise retriable
+
+    with pytest.raises(KafkaException):
+        in_slices(always_retriable, time.monotonic() - 1)  # the deadline has passed: made once
+    assert len(calls) == 1
