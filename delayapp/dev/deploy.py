@@ -40,6 +40,7 @@ from delayapp.dev.chaos.procs import (
     client_kwargs,
     create_topics,
     embedded_broker_env,
+    percentile,
     unique,
     wait_for,
 )
@@ -116,13 +117,6 @@ class DeployResult:
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} ms"
-
-
-def percentile(sorted_values: list[int], q: float) -> float | None:
-    """The ``q`` quantile (0..1) of ascending values, nearest rank; None when empty."""
-    if not sorted_values:
-        return None
-    return float(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))])
 
 
 def summarize(

@@ -13,8 +13,8 @@ import pytest
 ENGINE = Path(__file__).resolve().parents[2] / "delayapp" / "engine"
 RECORD_PATH = ("loop", "tasks", "writer", "committer")
 # what each may import of delayapp.engine (besides the contracts every layer shares:
-# handler's outputs, records, stats, capabilities)
-SHARED = {"handler", "records", "stats", "capabilities", "health"}
+# handler's outputs, records, stats, capabilities and the group membership they carry)
+SHARED = {"handler", "records", "stats", "capabilities", "groups", "health"}
 ALLOWED = {
     "loop": {"tasks", "writer", "committer", "liveness"},
     "committer": {"writer", "tasks"},

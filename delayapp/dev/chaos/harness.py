@@ -49,6 +49,7 @@ from delayapp.dev.chaos.procs import (
     client_settings,
     create_topics,
     embedded_broker_env,
+    percentile,
     unique,
     wait_for,
 )
@@ -294,12 +295,6 @@ def _where(record: Any) -> str:
 
 def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0f} ms"
-
-
-def _percentile(sorted_values: list[int], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    return float(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))])
 
 
 class ChaosRun:
@@ -797,8 +792,8 @@ class ChaosRun:
             lost=lost,
             early=early,
             duplicates=duplicates,
-            lateness_p50_ms=_percentile(lateness, 0.5),
-            lateness_p99_ms=_percentile(lateness, 0.99),
+            lateness_p50_ms=percentile(lateness, 0.5),
+            lateness_p99_ms=percentile(lateness, 0.99),
             lateness_max_ms=float(lateness[-1]) if lateness else None,
             lateness_samples=len(lateness),
             drain_after_last_fault_s=max(drain, 0.0),

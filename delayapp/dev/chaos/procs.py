@@ -69,6 +69,13 @@ def unique(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:8]}"
 
 
+def percentile(sorted_values: list[int], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of ascending values, nearest rank; None when empty."""
+    if not sorted_values:
+        return None
+    return float(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))])
+
+
 async def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
     """Poll ``condition`` (sync or async) until truthy; raise AssertionError naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
