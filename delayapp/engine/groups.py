@@ -5,7 +5,7 @@ properties that follow from them.
 A rolling deploy is a member change every few seconds; what a member change costs the records
 due meanwhile, measured (docs/benchmarks.md, ``bin/bench --sections deploy``):
 
-- what made records seconds late before 0.6 was not the eager assignor but two waits around it: a
+- what made records seconds late in 0.5.0 was not the eager assignor but waits around it: a
   heartbeat every 2.5 s (a member hears of a rebalance at its next heartbeat), and a loop that
   stopped releasing records a heartbeat and a half before it left its group (a workaround the
   embedded broker alone needs, :attr:`~delayapp.engine.capabilities.BrokerCapabilities.settle_before_leaving`).
