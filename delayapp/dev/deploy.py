@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import aiohttp
 from aiokafka import AIOKafkaProducer
+from confluent_kafka.admin import AdminClient
 
 from delayapp.core import headers as h
 from delayapp.core.clock import now_ms
@@ -361,8 +362,6 @@ class Cluster:
 
     def in_sync(self) -> bool:
         """Every node registered and no partition under-replicated (blocking)."""
-        from confluent_kafka.admin import AdminClient
-
         try:
             metadata = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=5)
         except Exception:
@@ -429,8 +428,6 @@ class BrokerKill(RollingRestart):
         self.ready: list[int] = []
 
     def _victim(self) -> int:
-        from confluent_kafka.admin import AdminClient
-
         metadata = AdminClient({"bootstrap.servers": self.cluster.bootstrap}).list_topics(timeout=10)
         if self.which == "ingress-leader":
             return int(metadata.topics[f"{self.prefix}.ingress"].partitions[0].leader)
