@@ -190,9 +190,11 @@ class DelayEngine(Service):
             )
         groups = await probe_groups(s)
         # a group's live members must share an assignor: one of another setting is followed
-        main_groups = [f"{s.app_id}.router"] + [
-            delay_group_id(s.app_id, s.topic_prefix, topic) for topic in self.layout.delay_topics.values()
-        ]
+        router_group = f"{s.app_id}.router"
+        delay_groups = {
+            topic: delay_group_id(s.app_id, s.topic_prefix, topic) for topic in self.layout.delay_topics.values()
+        }
+        main_groups = [router_group, *delay_groups.values()]
         membership = choose_membership(s, groups, await asyncio.to_thread(live_assignors, s, main_groups))
         await self.known_topics.refresh()
         await self._probe_clock()
@@ -232,13 +234,13 @@ class DelayEngine(Service):
             loop=self.loop,
             beacon=self.beacon,
         )
-        router = RouterLoop(name="router", topic=self.layout.ingress, group_id=main_groups[0], **common)
+        router = RouterLoop(name="router", topic=self.layout.ingress, group_id=router_group, **common)
         self.loops = [router] + [
             HopLoop(
                 name=f"delay-{self.settings.ladder.label(d)}",
                 topic=topic,
                 priority_topic=self.layout.priority_topics[d] if s.priority_lane else None,
-                group_id=delay_group_id(s.app_id, s.topic_prefix, topic),
+                group_id=delay_groups[topic],
                 max_wait_ms=d,
                 **common,
             )
@@ -253,7 +255,7 @@ class DelayEngine(Service):
                 await self.retired.sample(now_ms())
             except Exception as exc:  # the timer samples again
                 log.warning("could not count the records in the retired delay topics yet (%s)", exc)
-        # which protocol each group uses, said once per group (the read model's group is Faust's: classic)
+        # which protocol the loops' groups use, said once for all (the read model's group is Faust's)
         log.info(
             "consumer groups %s: %s",
             ", ".join(f"{hop_loop.group_id} ({hop_loop.label})" for hop_loop in self.loops),
