@@ -213,7 +213,8 @@ class Settings(BaseSettings):
     allowed_targets: str | None = Field(
         None,
         description="comma-separated topic patterns records may be delivered to; "
-        "a worker refuses to start without it ('*': any topic)",
+        "a worker refuses to start without it ('*': any topic); no pattern reaches delayapp's own topics "
+        "or other systems' (docs/governance.md), and a worker warns at start about each one that would",
     )
     connect_topics: str = Field(
         ",".join(DEFAULT_CONNECT_TOPICS),
@@ -604,7 +605,8 @@ class Settings(BaseSettings):
 
     def lanes(self, layout: TopicLayout) -> Lanes:
         """Whose topics are whose for this deployment (:mod:`delayapp.core.lanes`): delayapp's own
-        (``layout``, the prefix, the app id's Faust internals) and Kafka Connect's names."""
+        (``layout``, the prefix, what Faust makes for the app id: its changelogs, repartition
+        topics and leader topic) and Kafka Connect's names."""
         return Lanes(
             prefix=self.topic_prefix,
             app_id=self.app_id,

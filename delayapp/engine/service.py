@@ -23,6 +23,7 @@ from mode import Service
 
 from delayapp import __version__, compiled
 from delayapp.core.clock import GuardedClock, monotonic_ms, now_ms
+from delayapp.core.lanes import lane_warnings
 from delayapp.core.layout import TopicLayout, delay_group_id
 from delayapp.core.policies import Policy
 from delayapp.core.retired import retired_sources
@@ -109,6 +110,14 @@ def build_policy(settings: Settings, layout: TopicLayout) -> Policy:
     )
 
 
+def warn_about_lanes(policy: Policy) -> None:
+    """Log one warning for each allow-list entry that reaches a lane (:func:`lane_warnings`):
+    said at start, so an operator learns that ``payments-*`` leaves out ``payments-x-changelog``
+    before the first record for it is dead-lettered."""
+    for line in lane_warnings(policy.allowed_targets, policy.lanes):
+        log.warning("%s", line)
+
+
 ExtraLoops = Callable[[TopicLayout, dict[str, Any]], list[HopLoop]]
 """Builds more loops from the layout and the keyword arguments every HopLoop gets."""
 
@@ -168,6 +177,7 @@ class DelayEngine(Service):
         s = self.settings
         if s.require_allowed_targets() == ("*",):
             log.warning("allowed targets: * (any topic); set DELAYAPP_ALLOWED_TARGETS to restrict where records may go")
+        warn_about_lanes(self.policy)
         await bootstrap_topics(s, self.layout)  # refuses retired delay topics unless they may be drained
         await check_topic_durability(s, self.layout)
         retired = await list_retired_topics(s, self.layout) if s.drain_retired_topics else []

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import fnmatch
+import itertools
+import logging
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayapp.core.lanes import Lanes, lane_of
+from delayapp.core.lanes import Lanes, lane_of, lane_warnings, patterns_overlap, reach_of
 from delayapp.core.policies import Policy, Reason
 from delayapp.settings import load_settings
 
@@ -27,11 +31,32 @@ OTHERS = [
     "billing-KSTREAM-AGGREGATE-STATE-STORE-0000000003-repartition",
     "mm2-offset-syncs.eu.internal",
     "eu.checkpoints.internal",
-    "dlyapp-users-agent-topic",  # delayapp's Faust app's topics
 ]
-#: delayapp's own: never a target, not even named exactly.
-OWN = ["dly.ingress", "dly.delay.5s", "dly.record-states", "dlyapp-tbl-changelog", "dlyapp-__assignor-__leader"]
-ORDINARY = ["orders", "payments.eu", "connector-events", "changelog", "my_topic", "orders-changelogs", "dly-out"]
+#: delayapp's own: never a target, not even named exactly (its layout, its prefix, and what Faust
+#: makes for its app id: table changelogs, group_by's repartition topics, the leader assignor's).
+OWN = [
+    "dly.ingress",
+    "dly.delay.5s",
+    "dly.record-states",
+    "dlyapp-tbl-changelog",
+    "dlyapp-orders-by-id-repartition",
+    "dlyapp-__assignor-__leader",
+]
+#: Until issue 43 (item 4) every ``<app_id>-*`` was refused through a pattern, so
+#: ``dlyapp-settled`` and an agent's own topic were not reachable by ``dlyapp-*``: they are
+#: ordinary names, and only what Faust makes for the app id is delayapp's own.
+ORDINARY = [
+    "orders",
+    "payments.eu",
+    "connector-events",
+    "changelog",
+    "my_topic",
+    "orders-changelogs",
+    "dly-out",
+    "dlyapp-settled",
+    "dlyapp-users-agent-topic",
+    "dlyapp-__other",
+]
 
 
 def policy(*allowed: str, lanes: Lanes = LANES) -> Policy:
@@ -88,6 +113,185 @@ def test_the_engines_policy_keeps_targets_in_their_lane() -> None:
     assert built.check_target("dly.ingress").reason is Reason.TARGET_LOOP
     assert built.check_target("dlyapp-x-changelog").reason is Reason.TARGET_LOOP
     assert built.check_target("orders") is None
+
+
+def test_a_pattern_with_the_app_id_reaches_the_apps_ordinary_topics_and_not_its_faust_internals() -> None:
+    # DELAYAPP_APP_ID=payments, DELAYAPP_ALLOWED_TARGETS='payments-*': every record for
+    # payments-settled was dead-lettered target-not-allowed before issue 43, item 4
+    settings = load_settings(app_id="payments", allowed_targets="payments-*")
+    lanes = settings.lanes(settings.topic_layout())
+    allowed = policy(*settings.allowed_target_patterns, lanes=lanes)
+    assert lane_of("payments-settled", lanes) is None
+    assert allowed.check_target("payments-settled") is None
+    assert allowed.check_target("payments-refunds-eu") is None
+    for faust_internal in ("payments-foo-changelog", "payments-foo-repartition", "payments-__assignor-__leader"):
+        verdict = allowed.check_target(faust_internal)
+        assert verdict is not None and verdict.reason is Reason.TARGET_LOOP, faust_internal
+        # written out, still refused: a delivery there would feed delayapp's own Faust app
+        verdict = policy("payments-*", faust_internal, lanes=lanes).check_target(faust_internal)
+        assert verdict is not None and verdict.reason is Reason.TARGET_LOOP, faust_internal
+    # another Kafka Streams application's changelog is still reached only by its name
+    assert allowed.check_target("payments-changelog").reason is Reason.TARGET_NOT_ALLOWED
+    assert policy("payments-changelog", lanes=lanes).check_target("payments-changelog") is None
+
+
+# patterns_overlap: does some string match both shell patterns?
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "overlap"),
+    [
+        ("payments-*", "payments-*-changelog", True),
+        ("payments-*", "payments-__assignor-__leader", True),
+        ("payments-*", "__*", False),
+        ("payments-*", "connect-*", False),
+        ("payments-*", "*.internal", True),  # payments-x.internal
+        ("*", "__*", True),
+        ("orders.*", "*-changelog", True),  # orders.x-changelog
+        ("orders", "*-changelog", False),
+        ("orders-changelog", "*-changelog", True),
+        ("a?c", "ab*", True),
+        ("a?c", "abd", False),
+        ("a*b", "b*a", False),
+        ("a*b*c", "*bc", True),
+        ("*a*", "*b*", True),  # ab
+        ("??", "*???", False),
+        ("", "", True),
+        ("", "*", True),
+        ("", "?", False),
+        ("x[", "x[", True),  # a [ without its ] is a literal, as fnmatch reads it
+        ("x[", "xa", False),
+        ("[ab]x", "ax", True),
+        ("[!]]x", "ax", True),
+        ("[ab]x", "cx", True),  # a class is taken as any one character: errs towards True
+        ("dly.*", "dlyapp-*", False),
+    ],
+)
+def test_patterns_overlap(a: str, b: str, overlap: bool) -> None:
+    assert patterns_overlap(a, b) is overlap
+    assert patterns_overlap(b, a) is overlap
+
+
+def common_string(a: str, b: str) -> bool:
+    """Some string matches both: a shortest one is at most as long as both patterns together
+    (each character moves past a token of one of them) and needs, beyond their literals, one
+    other character."""
+    alphabet = "abc"
+    return any(
+        fnmatch.fnmatchcase(s, a) and fnmatch.fnmatchcase(s, b)
+        for length in range(len(a) + len(b) + 1)
+        for s in map("".join, itertools.product(alphabet, repeat=length))
+    )
+
+
+class_free = st.text(alphabet="ab?*", max_size=3)
+
+
+@given(class_free, class_free)
+def test_patterns_overlap_exactly_when_a_common_string_exists(a: str, b: str) -> None:
+    assert patterns_overlap(a, b) is common_string(a, b)
+
+
+@st.composite
+def string_and_two_patterns(draw: st.DrawFn) -> tuple[str, str, str]:
+    """A string and two shell patterns that both match it: each character kept, made ``?`` or a
+    class holding it, or a run of characters made ``*``."""
+    text = draw(st.text(alphabet="ab-._[]!*?", max_size=10))
+
+    def pattern() -> str:
+        out: list[str] = []
+        i = 0
+        while i < len(text):
+            how = draw(st.sampled_from(["keep", "keep", "any", "class", "star"]))
+            if how == "star":
+                run = draw(st.integers(0, len(text) - i))
+                out.append("*")
+                i += run
+                continue
+            c = text[i]
+            if how == "any":
+                out.append("?")
+            elif how == "class" and c not in "]!^":
+                out.append(f"[{c}x]")
+            else:
+                out.append(f"[{c}]" if c in "*?[" else c)
+            i += 1
+        if draw(st.booleans()):
+            out.append("*")
+        return "".join(out)
+
+    return text, pattern(), pattern()
+
+
+@given(string_and_two_patterns())
+def test_a_string_matching_both_patterns_makes_them_overlap(case: tuple[str, str, str]) -> None:
+    text, a, b = case
+    assert fnmatch.fnmatchcase(text, a) and fnmatch.fnmatchcase(text, b), case
+    assert patterns_overlap(a, b)
+
+
+@given(st.text(alphabet="ab-._[]!*?", max_size=8), st.text(alphabet="ab-._[]!*?", max_size=8))
+def test_patterns_overlap_never_says_false_where_a_short_string_matches_both(a: str, b: str) -> None:
+    witness = any(
+        fnmatch.fnmatchcase(s, a) and fnmatch.fnmatchcase(s, b)
+        for length in range(4)
+        for s in map("".join, itertools.product("ab-", repeat=length))
+    )
+    if witness:
+        assert patterns_overlap(a, b)
+
+
+# lane_warnings: what a worker says at start about its allow-list
+
+
+def test_each_entry_reaching_a_lane_is_warned_about_once_naming_the_rules_it_reaches() -> None:
+    settings = load_settings(app_id="payments", allowed_targets="payments-*,orders,*,payments-*,connect-status")
+    lanes = settings.lanes(settings.topic_layout())
+    lines = lane_warnings(settings.allowed_target_patterns, lanes)
+    assert len(lines) == 2  # payments-* once, * once; orders reaches no lane, connect-status is named exactly
+    payments, star = lines
+    assert payments.startswith("allowed target 'payments-*' reaches")
+    for rule in ("'payments-*-changelog'", "'payments-*-repartition'", "'payments-__assignor-__leader'"):
+        assert rule in payments.split("stay refused")[0], rule
+    assert "'*-changelog'" in payments.split("stay refused")[1] and "names one exactly" in payments
+    assert "'__*'" not in payments and "'connect-*'" not in payments and "'delayapp.*'" not in payments
+    assert star.startswith("allowed target '*' reaches")
+    for rule in ("'delayapp.*'", "'__*'", "'_*'", "'connect-*'", "'mm2-*'", "'*.internal'"):
+        assert rule in star, rule
+
+
+def test_an_own_topic_named_exactly_is_warned_about_and_another_systems_is_not() -> None:
+    lanes = LANES
+    assert lane_warnings(("connect-status", "__consumer_offsets", "orders"), lanes) == []
+    (line,) = lane_warnings(("dly.ingress",), lanes)
+    assert "'dly.ingress'" in line and "stay refused" in line and "names one exactly" not in line
+
+
+def test_a_connect_topic_outside_connect_star_is_named_by_itself() -> None:
+    lanes = Lanes(connect_topics=frozenset({"cc-config", "connect-status"}))
+    reach = reach_of("cc*", lanes)
+    assert ("cc-config", "Kafka Connect's (DELAYAPP_CONNECT_TOPICS)") in reach.other
+    assert all(rule != "connect-status" for rule, _ in reach_of("conn*", lanes).other)  # connect-* says it
+
+
+@given(st.sampled_from(OWN + OTHERS + ORDINARY), st.data())
+def test_a_pattern_that_reaches_a_lane_is_warned_about(topic: str, data: st.DataObject) -> None:
+    # a pattern made from the topic (a character made ? or *): it matches the topic
+    pattern = "".join(data.draw(st.sampled_from([c, "?", "*"])) for c in topic)
+    assert fnmatch.fnmatchcase(topic, pattern)
+    lane = lane_of(topic, LANES)
+    if lane is not None and (lane.own or pattern != topic):  # a name written out reaches another's topic
+        assert lane_warnings((pattern,), LANES), (pattern, topic, lane)
+
+
+def test_the_worker_logs_one_line_per_entry_reaching_a_lane(caplog: pytest.LogCaptureFixture) -> None:
+    from delayapp.engine.service import build_policy, warn_about_lanes
+
+    settings = load_settings(app_id="payments", allowed_targets="payments-*,orders")
+    with caplog.at_level(logging.WARNING, logger="delayapp.engine.service"):
+        warn_about_lanes(build_policy(settings, settings.topic_layout()))
+    lines = [r.getMessage() for r in caplog.records if r.name == "delayapp.engine.service"]
+    assert len(lines) == 1 and "'payments-*'" in lines[0] and "'payments-*-changelog'" in lines[0]
 
 
 topic_names = st.text(alphabet="abc._-", min_size=1, max_size=12)

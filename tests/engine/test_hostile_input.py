@@ -192,10 +192,11 @@ CASES = [
         PAYLOAD,
         INGRESS,
     ),
-    (  # matches the allow-list's pattern, but is in the lane of delayapp's Faust app (<app_id>-*)
-        "target-in-the-faust-apps-lane",
-        "target-not-allowed",
-        [(h.REACTIVATE_TO_TOPIC, "{prefix}-events"), (h.DELAY_MS, "10")],
+    (  # matches the allow-list's pattern, but is a changelog of delayapp's own Faust app (the app id
+        # is the prefix): a loop. Any other <app_id>-* name is an ordinary target (issue 43, item 4)
+        "target-is-the-faust-apps-changelog",
+        "target-loop",
+        [(h.REACTIVATE_TO_TOPIC, "{prefix}-events-changelog"), (h.DELAY_MS, "10")],
         PAYLOAD,
         INGRESS,
     ),

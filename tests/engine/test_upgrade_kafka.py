@@ -62,7 +62,8 @@ async def test_records_old_versions_wrote_are_delivered_on_time_once_and_an_old_
     layout = load_settings(broker=bootstrap, topic_prefix=prefix, denominations=TEST_LADDER).topic_layout()
     targets = {name: f"{prefix}-target-{index}" for index, name in enumerate(DELAY_FORMATS)}
     await create_topics(bootstrap, *targets.values(), partitions=1)
-    # named exactly: <app_id>-* (the app id is the prefix) is the Faust app's lane, no pattern reaches it
+    # named exactly (a pattern <prefix>-target-* would do too: the app id is the prefix, and only
+    # what Faust makes for it, its changelogs, repartition and leader topics, is out of reach)
     worker = Worker(bootstrap, prefix, DELAYAPP_ALLOWED_TARGETS=",".join(targets.values())).start()
     collector = None
     try:
