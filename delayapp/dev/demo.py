@@ -50,6 +50,27 @@ async def ensure_target(kafka: dict) -> None:
         await admin.close()
 
 
+async def wait_for_topic(kafka: dict, topic: str) -> None:
+    """Return once ``topic`` exists, saying once that the demo waits for it.
+
+    The worker creates delayapp's topics as it starts, a second or more after the demo does;
+    a producer sending to one before then finds no such topic (auto-creation is off) and aiokafka
+    logs an error at every metadata refresh until the worker has made it."""
+    admin = AIOKafkaAdminClient(**kafka)
+    await admin.start()
+    try:
+        said = False
+        while topic not in await admin.list_topics():  # every topic: no error for a missing one
+            if not said:
+                print(
+                    f"[demo] waiting for delayapp's topics ({topic}): the worker creates them as it starts", flush=True
+                )
+                said = True
+            await asyncio.sleep(0.5)
+    finally:
+        await admin.close()
+
+
 async def show_worker_view(
     web: str, record_id: str, token: str | None = None, ssl_context: ssl.SSLContext | None = None
 ) -> None:
@@ -100,6 +121,7 @@ async def produce_waves(
     wave = 0
     try:
         started = time.monotonic()
+        await wait_for_topic(kafka, ingress)
         print("[demo] waiting for the delay engine: sending a warm-up record due now", flush=True)
         warm_up = orjson.dumps({"order": "warm-up", "due": time.time_ns() // 1_000_000})
         await schedule(producer, TARGET, warm_up, key=b"warm-up", delay=0, ingress_topic=ingress)
