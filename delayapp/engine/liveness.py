@@ -77,14 +77,8 @@ class LivenessCheck:
         arriving = now_s - self._arrived_s <= threshold_s
         stalled = set()
         for key in self.tasks.idle_too_long(now, now_s, threshold_s):
-            # under read_committed librdkafka reports the last stable offset as the end
-            try:
-                _, end = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
-            except KafkaException:
-                end = None
-            why = self.tasks.stuck(
-                key, now, end if end is not None and end >= 0 else None, arriving=arriving, now_s=now_s
-            )
+            end = self._unread_end(consumer, TopicPartition(*key))
+            why = self.tasks.stuck(key, now, end, arriving=arriving, now_s=now_s)
             if why:
                 self.stats.stalls += 1
                 stalled.add(key)
@@ -99,3 +93,20 @@ class LivenessCheck:
                 self._recently_stalled[key] = now_s
             return stalled
         return None
+
+    @staticmethod
+    def _unread_end(consumer: Consumer, tp: TopicPartition) -> int | None:
+        """The end of ``tp``'s log as the last fetch reported it, or None when the consumer has
+        read to it. Under read_committed the end is the last stable offset, and a log written by
+        transactions ends in a commit marker, which no consumer is given: the loop's own next
+        offset stays one short of the end for ever. librdkafka's position passes the markers it
+        skipped, so a position at the end means nothing is left to arrive (measured on Kafka
+        4.1: three transactions of one record each, delivered offsets 0, 2, 4, end 6, position 6)."""
+        try:
+            _, end = consumer.get_watermark_offsets(tp, cached=True)
+            (position,) = consumer.position([tp])
+        except KafkaException:
+            return None
+        if end is None or end < 0 or (position.offset >= 0 and position.offset >= end):
+            return None
+        return int(end)

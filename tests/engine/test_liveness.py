@@ -153,3 +153,41 @@ async def test_a_loop_holds_what_falls_due_soon_not_the_backlog(bootstrap: str) 
         assert hop_loop.stats.hops == hop_loop.stats.delivered == 0
     finally:
         await hop_loop.stop()
+
+
+async def test_a_partition_whose_log_ends_in_a_transaction_marker_is_not_stalled(bootstrap: str) -> None:
+    """exactly_once: records written by a transaction end in a commit marker, which the broker
+    counts in the log's end and no consumer is ever given. A partition read to its last record
+    is read to its end: no stall, no rewind, no reopen (taken for a stall, it reopened a loop of
+    a 3-broker Kafka 4.1 cluster with nothing else moving)."""
+    from confluent_kafka import Producer
+
+    from tests.support.kafka import broker_transactions
+
+    if (reason := await broker_transactions(bootstrap)) is not None:
+        pytest.skip(f"broker lacks usable transactions ({reason}); run with DELAYAPP_TEST_BROKER=<real Kafka>")
+    hop_loop, delay_topic, target = await one_second_loop(
+        bootstrap, "marker", liveness_threshold="1s", processing_guarantee="exactly_once"
+    )
+    collector = await Collector(bootstrap, [target]).start()
+    try:
+        await wait_for(lambda: hop_loop.assignment(), 30, "the loop's assignment")
+        now = time.time_ns() // 1_000_000
+        headers = [
+            (h.REACTIVATE_TO_TOPIC, target.encode()),
+            (h.REACTIVATE_AT, str(now).encode()),
+            (h.AWAKE_AT, str(now).encode()),
+        ]
+        writer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{delay_topic}-writer"})
+        writer.init_transactions(30)
+        writer.begin_transaction()
+        writer.produce(delay_topic, b"due now", key=b"k", headers=headers)
+        writer.commit_transaction(30)  # the log: the record, then the commit marker
+        await wait_for(lambda: collector.on(target), 30, "the record delivered")
+        stalls_by = time.monotonic() + 4  # the threshold (1 s) three times over, and the check's second
+        await wait_for(lambda: time.monotonic() > stalls_by or hop_loop.stats.stalls, 10, "a stall, or none")
+        stats = hop_loop.stats
+        assert (stats.stalls, stats.rewinds, stats.restarts) == (0, 0, 0)
+    finally:
+        await collector.stop()
+        await hop_loop.stop()
