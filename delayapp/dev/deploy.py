@@ -98,6 +98,8 @@ class DeployResult:
     #: lateness p99 of the records due from SETTLED_AFTER_MS after the deploy on (None: none were)
     p99_after_ms: float | None = None
     exited: int = 0  # workers that exited by themselves during the run
+    #: exactly_once: producers replaced (a transaction's end given up; the loop kept its consumer)
+    replaced: int = 0
 
     @property
     def ok(self) -> bool:
@@ -111,7 +113,8 @@ class DeployResult:
             f"{self.due_during} records due meanwhile, lateness p50 {_ms(self.p50_ms)} p99 {_ms(self.p99_ms)} "
             f"max {_ms(self.max_ms)}, {100 * self.late_share:.1f} % later than {LATE_MS} ms; "
             f"sent {self.sent}, delivered {self.delivered}, lost {self.lost}, early {self.early}, "
-            f"twice {self.twice}, loops reopened {self.reopened}, workers exited {self.exited}"
+            f"twice {self.twice}, loops reopened {self.reopened}, producers replaced {self.replaced}, "
+            f"workers exited {self.exited}"
             + (f"; due {SETTLED_AFTER_MS // 1000} s after: p99 {_ms(self.p99_after_ms)}" if self.p99_after_ms else "")
         )
 
@@ -130,6 +133,7 @@ def summarize(
     reopened: int = 0,
     protocols: Iterable[str] = (),
     exited: int = 0,
+    replaced: int = 0,
 ) -> DeployResult:
     """Count what happened to the records ``due`` (id -> due time, epoch ms), given each
     delivery as (id, broker append time) and the deploy's ``window`` (epoch ms, first SIGTERM
@@ -171,6 +175,7 @@ def summarize(
         reopened=reopened,
         protocols=sorted(set(protocols)),
         exited=exited,
+        replaced=replaced,
     )
 
 
@@ -267,6 +272,10 @@ class RollingDeploy:
             await self._serving(worker)
             log.info("%s serves again", worker.name)
 
+    def _target_replication(self) -> int:
+        """Copies of each target partition: one on a single broker."""
+        return 1
+
     async def run(self) -> DeployResult:
         """Start the workers, send, roll them one by one, drain, count."""
         c = self.config
@@ -275,6 +284,7 @@ class RollingDeploy:
             c.broker,
             self.target,
             partitions=c.partitions,
+            replication=self._target_replication(),
             configs={"message.timestamp.type": "LogAppendTime"},
             security=c.env,
         )
@@ -317,6 +327,7 @@ class RollingDeploy:
                 delivered=[(r.key.decode(), r.timestamp) for r in collector.records],
                 window=(started, ended),
                 reopened=len(re.findall(r": loop failed \(", logs)),
+                replaced=len(re.findall(r": replacing its producer", logs)),
                 protocols=re.findall(r"consumer groups .*?\): (\w+) protocol", logs),
                 exited=exited,
             )
@@ -383,6 +394,11 @@ class RollingRestart(RollingDeploy):
     def __init__(self, config: DeployConfig, cluster: Cluster) -> None:
         super().__init__(config)
         self.cluster = cluster
+
+    def _target_replication(self) -> int:
+        # replicated like a production target: a target partition on one broker only waits for that
+        # broker to come back, and a transaction writing to it with it (every delivery of its loop)
+        return min(3, self.cluster.nodes)
 
     async def _shell(self, command: str, node: int | None = None) -> None:
         line = command.replace("{node}", str(node)) if node is not None else command
@@ -464,6 +480,22 @@ class BrokerKill(RollingRestart):
             watcher.cancel()
 
 
+class Steady(RollingDeploy):
+    """The control of a deploy or a restart: the same workers, load and count, and nothing moved
+    for ``hold_s`` (the "deploy" window is that hold): the lateness the machine gives anyway."""
+
+    def __init__(self, config: DeployConfig, hold_s: float, cluster: Cluster | None = None) -> None:
+        super().__init__(config)
+        self.hold_s = hold_s
+        self.cluster = cluster
+
+    def _target_replication(self) -> int:
+        return min(3, self.cluster.nodes) if self.cluster is not None else 1
+
+    async def _roll(self) -> None:
+        await asyncio.sleep(self.hold_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run, print the figures, write JSON; exit 1 if anything was lost, early or (exactly_once) twice."""
     defaults = DeployConfig(broker="")
@@ -489,6 +521,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="instead, SIGKILL that broker of the cluster and start it again 10 s later",
     )
+    parser.add_argument(
+        "--steady",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the control: move nothing for SECONDS (with --brokers: on the cluster, its target replicated)",
+    )
     parser.add_argument("--json", default=None, help="also write the result here")
     parser.add_argument("--records", default=None, help="also write each record's due time and delivery here (CSV)")
     args = parser.parse_args(argv)
@@ -513,7 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     if (args.brokers or args.kill_broker) and cluster is None:
         parser.error("--brokers needs DELAYAPP_TEST_CLUSTER_BROKER, _NODES, _STOP, _START and _KILL")
     run: RollingDeploy = RollingDeploy(config)
-    if cluster is not None:
+    if args.steady is not None:
+        run = Steady(config, args.steady, cluster)
+    elif cluster is not None:
         run = BrokerKill(config, cluster, args.kill_broker) if args.kill_broker else RollingRestart(config, cluster)
     result = asyncio.run(run.run())
     print(result.line())

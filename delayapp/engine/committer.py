@@ -23,10 +23,12 @@ One interface, two implementations, as Kafka Streams' ``TaskManager`` commits th
   3-broker Apache Kafka 4.1 cluster restarted one broker at a time, a bare librdkafka
   transaction (send offsets, commit) whose one call was given 60 s waited up to 35 s on a moved
   group coordinator; in 1 s slices, retried, at most 1.9 s. A call that has not returned within
-  :data:`TRANSACTION_STALL_S` (no slice came back) is given up: :class:`TransactionStuck` tells
-  the loop to reopen its clients, and the new producer, with the same transactional id, fences
-  the old one and aborts its transaction. An end still retrying at ``emit_timeout`` fails the
-  loop the same way (:class:`EmitTimeout`).
+  :data:`TRANSACTION_STALL_S` (no slice came back: librdkafka waits for a cached coordinator
+  whose broker is down, whatever the call's timeout) is given up: :class:`TransactionStuck`
+  tells the loop to replace its producer, keeping its consumer and its partitions; the new
+  producer, with the same transactional id, fences the old one and aborts its transaction, and
+  the transaction's partitions are fetched again from their commits. An end still retrying at
+  ``emit_timeout`` reopens the loop (:class:`EmitTimeout`).
 
 The processing guarantee lives here alone: which committer a loop builds decides what its
 clients are configured with (:meth:`Committer.client_config`, :meth:`Committer.prepare`), when
@@ -87,9 +89,13 @@ TXN_WAIT_S = 0.2  # exactly_once: longest the loop's thread waits at once for a 
 # exactly_once: each transactional call's timeout; one that times out (retriable) is made again
 TXN_CALL_SLICE_S = 1.0
 # exactly_once: a transaction's end none of whose calls came back for this long is given up and
-# the loop reopens (a slice returns within TXN_CALL_SLICE_S; one that does not waits on a call
-# that may never return)
-TRANSACTION_STALL_S = 10.0
+# the loop replaces its producer. A slice returns within TXN_CALL_SLICE_S; one that does not waits
+# on a call that ignores its timeout: librdkafka's send_offsets_to_transaction waits for a cached
+# group coordinator whose broker is down until that broker is up again (its coordinator request's
+# timeout is never checked, librdkafka 2.16 rdkafka_coord.c). Measured on a 3-broker Kafka 4.1
+# cluster restarted one broker at a time: such a call waited 10 s and more, while a new producer
+# (which looks the coordinator up afresh) had its producer id within a second.
+TRANSACTION_STALL_S = 3.0
 TXN_WAIT_LOG_S = 2.0  # exactly_once: a transaction's end waiting this long is logged (once)
 INIT_TRANSACTIONS_SLICE_S = 1.0  # exactly_once: one call of init_transactions waits at most this long
 
@@ -115,11 +121,17 @@ class Fenced(Exception):
 
 
 class TransactionStuck(Exception):
-    """exactly_once: a transaction's commit or abort did not complete within
-    :data:`TRANSACTION_STALL_S`; the producer is given up (its call may never return) and the
-    loop reopens its clients: the new producer fences this one and aborts its transaction."""
+    """exactly_once: no call of a transaction's commit or abort came back within
+    :data:`TRANSACTION_STALL_S`; the producer is given up (its call may never return). The loop
+    replaces its producer and keeps its consumer (:meth:`HopLoop._replace_producer`): the new
+    producer, with the same transactional id, fences this one and aborts its transaction, and
+    ``partitions`` (the transaction's) are fetched again from their commits."""
 
     retriable = True
+
+    def __init__(self, message: str, partitions: Collection[PartitionKey] = frozenset()) -> None:
+        super().__init__(message)
+        self.partitions = frozenset(partitions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +190,34 @@ class TransactionEnder:
 
 
 @dataclass(eq=False)
+class TxnProgress:
+    """Where a transaction's end is (written by the ender's thread, read by the loop's): the step
+    under way, when a call of it last came back (a slice that timed out, or a retriable error:
+    the end is stuck only when none came back for :data:`TRANSACTION_STALL_S`), and how long each
+    step before it took, for the log line of an end that waited."""
+
+    step: str = "flush"
+    came_back_s: float = field(default_factory=time.monotonic)
+    step_began_s: float = field(default_factory=time.monotonic)
+    done: list[tuple[str, float]] = field(default_factory=list)  # (step, seconds), in order
+
+    def enter(self, step: str) -> None:
+        """The step before is done; ``step`` begins."""
+        now_s = time.monotonic()
+        self.done.append((self.step, now_s - self.step_began_s))
+        self.step, self.step_began_s, self.came_back_s = step, now_s, now_s
+
+    def came_back(self) -> None:
+        """A call of the step under way came back (it is made again)."""
+        self.came_back_s = time.monotonic()
+
+    def describe(self) -> str:
+        """The steps so far with their durations, e.g. ``flush 0.0 s, offsets 7.4 s, commit 0.2 s``."""
+        steps = [*self.done, (self.step, time.monotonic() - self.step_began_s)]
+        return ", ".join(f"{step} {seconds:.1f} s" for step, seconds in steps)
+
+
+@dataclass(eq=False)
 class _Ending:
     """A transaction's commit or abort, under way on the :class:`TransactionEnder`."""
 
@@ -187,9 +227,7 @@ class _Ending:
     partitions: set[PartitionKey] = field(default_factory=set)  # an abort's: rewound once it is done
     since: float = field(default_factory=time.monotonic)
     logged: bool = False
-    #: monotonic s a call of the end last came back (a slice timed out, or a retriable error): the
-    #: end is stuck only when no call came back for TRANSACTION_STALL_S
-    progress: list[float] = field(default_factory=lambda: [time.monotonic()])
+    progress: TxnProgress = field(default_factory=TxnProgress)
 
 
 class Committer:
@@ -564,25 +602,28 @@ class ExactlyOnceCommitter(Committer):
         producer, writer, timeout_s = self.producer, self.writer, self.settings.emit_timeout / 1000
         points = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
 
-        progress = [time.monotonic()]
+        progress = TxnProgress("flush")
 
         def commit() -> None:
             deadline = time.monotonic() + timeout_s
             # 1. every write acknowledged (audit events are written with their records); a
             #    failed one raises WriteFailed (a KafkaException: the transaction aborts)
             while writer.flush(TXN_CALL_SLICE_S) > 0:  # in slices too: a leader that moves is found again
-                progress[0] = time.monotonic()
-                if progress[0] >= deadline:
+                progress.came_back()
+                if time.monotonic() >= deadline:
                     raise EmitTimeout(f"writing a transaction's records took over {timeout_s * 1000:.0f} ms")
             # 2. the member that opened it is still the group's member
             if fenced is not None:
                 raise Fenced(f"member {fenced[0]!r} is not the group's member any more ({fenced[1]!r})")
             # 3. the offsets, then the commit, each in slices, made again while retriable
             if points:
+                progress.enter("offsets")
                 in_slices(
                     lambda: producer.send_offsets_to_transaction(points, group, TXN_CALL_SLICE_S), deadline, progress
                 )
+            progress.enter("commit")
             in_slices(lambda: producer.commit_transaction(TXN_CALL_SLICE_S), deadline, progress)
+            progress.enter("done")
 
         self._ending = _Ending(commit=True, future=self._ender.submit(commit), offsets=offsets, progress=progress)
 
@@ -595,10 +636,10 @@ class ExactlyOnceCommitter(Committer):
         except FutureTimeout:
             now_s = time.monotonic()
             waited = now_s - ending.since
-            if now_s - ending.progress[0] >= TRANSACTION_STALL_S:
+            if now_s - ending.progress.came_back_s >= TRANSACTION_STALL_S:
                 self._give_up(
                     f"{'committing' if ending.commit else 'aborting'} the transaction: a call made no progress for "
-                    f"{TRANSACTION_STALL_S:.0f} s (is the transaction coordinator away?)"
+                    f"{TRANSACTION_STALL_S:.0f} s ({ending.progress.describe()}; is the transaction coordinator away?)"
                 )
             elif waited >= TXN_WAIT_LOG_S and not ending.logged:
                 ending.logged = True
@@ -618,7 +659,12 @@ class ExactlyOnceCommitter(Committer):
             return QUIET
         self._ending = None
         if ending.logged:
-            log.info("%s: the transaction's end completed after %.1f s", self.label, time.monotonic() - ending.since)
+            log.info(
+                "%s: the transaction's end completed after %.1f s (%s)",
+                self.label,
+                time.monotonic() - ending.since,
+                ending.progress.describe(),
+            )
         if ending.commit:
             self._clear_batches()
             self._committed_to(ending.offsets)
@@ -647,11 +693,11 @@ class ExactlyOnceCommitter(Committer):
             exc,
             " (a rebalance follows)" if fenced else "",
         )
-        progress = [time.monotonic()]
+        progress = TxnProgress("abort")
         future = self._ender.submit(self._abort_call(time.monotonic() + self.settings.emit_timeout / 1000, progress))
         self._ending = _Ending(commit=False, future=future, partitions=partitions, progress=progress)
 
-    def _abort_call(self, deadline: float, progress: list[float] | None) -> Callable[[], None]:
+    def _abort_call(self, deadline: float, progress: TxnProgress | None) -> Callable[[], None]:
         """The abort of the open transaction, in slices made again while retriable."""
         producer = self.producer
         return lambda: in_slices(lambda: producer.abort_transaction(TXN_CALL_SLICE_S), deadline, progress)
@@ -663,30 +709,31 @@ class ExactlyOnceCommitter(Committer):
         raise exc
 
     def _give_up(self, why: str) -> None:
-        """The producer's call may never return: never touch it again; the loop reopens."""
+        """The producer's call may never return: never touch it again; the loop replaces it."""
         self._ending = None
         self.producer_unusable = True
-        self._drop()
+        partitions = self._drop()
         self.failure = TransactionStuck(
-            f"{why}; reopening: a new producer fences this one and aborts its transaction, and the partitions are "
-            "fetched again from their commits"
+            f"{why}; a new producer fences this one and aborts its transaction, and the partitions are fetched "
+            "again from their commits",
+            partitions,
         )
         log.warning("%s: %s", self.label, self.failure)
         raise self.failure
 
 
-def in_slices(call: Callable[[], Any], deadline: float, progress: list[float] | None = None) -> None:
+def in_slices(call: Callable[[], Any], deadline: float, progress: TxnProgress | None = None) -> None:
     """Make a transactional ``call`` (given a timeout of :data:`TXN_CALL_SLICE_S`) until it
     succeeds, again while its error is retriable and does not ask for an abort (librdkafka's
     transactional calls resume where they were: a coordinator that moved is looked up again),
-    until ``deadline`` (monotonic s); ``progress[0]`` is set each time a slice comes back."""
+    until ``deadline`` (monotonic s); ``progress`` is told each time a slice comes back."""
     while True:
         try:
             call()
             return
         except KafkaException as exc:
             if progress is not None:
-                progress[0] = time.monotonic()
+                progress.came_back()
             error = kafka_error(exc)
             if error is None or not error.retriable() or error.txn_requires_abort() or time.monotonic() >= deadline:
                 raise

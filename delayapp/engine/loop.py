@@ -71,6 +71,7 @@ from delayapp.engine.committer import (
     EmitTimeout,
     ExactlyOnceCommitter,
     Outcome,
+    TransactionStuck,
 )
 from delayapp.engine.groups import consumer_group_config, rebalances_incrementally
 from delayapp.engine.handler import Handler
@@ -88,6 +89,9 @@ librdkafka_log = logging.getLogger("delayapp.librdkafka")
 
 IDLE_POLL_MS = 100  # longest a poll blocks when nothing waits and nothing is in flight
 FETCH_QUEUE_BACKOFF_MS = 5  # how soon librdkafka fetches again for a partition whose read-ahead was full
+# exactly_once: producers replaced one after another with no transaction committed between them,
+# beyond which the loop reopens its clients instead (the consumer too: something else is wrong)
+MAX_PRODUCER_REPLACEMENTS = 3
 
 
 class HopLoop(Service):
@@ -185,6 +189,8 @@ class HopLoop(Service):
         self._broker_commits: dict[PartitionKey, CommitPoint] = {}
         self._broken: BaseException | None = None  # an error inside a librdkafka callback: the loop reopens
         self._session: object | None = None  # the clients opened last (see _open)
+        self._producer_session: object | None = None  # the producer opened last (see _replace_producer)
+        self._replaced_in_a_row = 0  # producers replaced since the last committed transaction
         self._joined = False  # True from an assignment to the next revocation: the group is not rebalancing
         self._joined_at = 0.0  # monotonic s of the last assignment
         # monotonic s of the latest change of this loop's assignment (None: none since its clients
@@ -267,7 +273,7 @@ class HopLoop(Service):
                 try:
                     self._open()
                     self._set_running(True)
-                    self._run()
+                    self._serve()
                     backoff = 0.5
                 except Exception as exc:
                     self._set_running(False)
@@ -295,40 +301,11 @@ class HopLoop(Service):
         s = self.settings
         # the clients opened now: a report from clients given up earlier (a producer whose call
         # returned after the loop reopened) must not reach these clients' writer or fail them
-        session = self._session = object()
-        common = {
-            **s.librdkafka_connection(),
-            "client.id": f"{s.app_id}-{self.name}",
-            "logger": librdkafka_log,
-            "error_cb": partial(self._client_error, session),
-        }
-        overrides = s.librdkafka_overrides()  # the operator's word last
-        if s.librdkafka_debug:  # asked for: shown at the worker's usual log level
-            common.update(debug=s.librdkafka_debug, logger=_AtLeastInfo(librdkafka_log, {}))
-        write_timeout = s.emit_timeout + 5_000  # our own limit (emit_timeout) binds first
-        producer_config = {
-            **common,
-            "acks": "all",
-            # the Java client's: keyed deliveries land where the target's other producers put that key
-            "partitioner": "murmur2_random",
-            "linger.ms": s.producer_linger_ms,
-            "batch.size": s.producer_batch_bytes,
-            "message.max.bytes": max(s.max_message_bytes + 65_536, s.producer_batch_bytes),  # our size check binds
-            "message.timeout.ms": write_timeout,
-            "queue.buffering.max.messages": 1_000_000,
-            "queue.buffering.max.kbytes": 2_097_151,
-            "allow.auto.create.topics": False,  # a target that vanished is not re-created by a write
-            # no report per record: a batch is acknowledged as a whole (see engine.committer), a
-            # failure is reported
-            "delivery.report.only.error": True,
-            "on_delivery": partial(self._delivery_failed, session),
-        }
-        # what the guarantee adds (a transactional id, idempotence, the isolation level)
-        producer_extra, consumer_extra = self.committer_kind.client_config(s, name=self.name, broker=self.broker)
-        self._producer = Producer({**producer_config, **producer_extra, **overrides})
-        self.committer_kind.prepare(self._producer, settings=s, stopping=self._stopping, waiting=self._still_opening)
+        session = self._session = self._producer_session = object()
+        self._replaced_in_a_row = 0
+        self._producer = self._open_producer(session)
         consumer_config = {
-            **common,
+            **self._common_config(session),
             "group.id": self.group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -345,8 +322,9 @@ class HopLoop(Service):
             # hop's time on Apache Kafka), so the fetcher looks again soon
             "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
             "on_commit": self._committed,
-            **consumer_extra,
-            **overrides,
+            # what the guarantee adds (the isolation level); the operator's word last
+            **self.committer_kind.client_config(s, name=self.name, broker=self.broker)[1],
+            **s.librdkafka_overrides(),
         }
         self._incremental = rebalances_incrementally(consumer_config)
         self._consumer = Consumer(consumer_config)
@@ -356,6 +334,82 @@ class HopLoop(Service):
         self._consumer.subscribe(
             self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
+
+    def _common_config(self, session: object) -> dict[str, Any]:
+        """What the loop's producer and consumer are both configured with (``session``: see _open)."""
+        s = self.settings
+        common: dict[str, Any] = {
+            **s.librdkafka_connection(),
+            "client.id": f"{s.app_id}-{self.name}",
+            "logger": librdkafka_log,
+            "error_cb": partial(self._client_error, session),
+        }
+        if s.librdkafka_debug:  # asked for: shown at the worker's usual log level
+            common.update(debug=s.librdkafka_debug, logger=_AtLeastInfo(librdkafka_log, {}))
+        return common
+
+    def _open_producer(self, session: object) -> Producer:
+        """A producer for this loop, made ready for the guarantee (exactly_once: its transactional
+        id initialised, which fences the producer that had it before and aborts its transaction)."""
+        s = self.settings
+        write_timeout = s.emit_timeout + 5_000  # our own limit (emit_timeout) binds first
+        producer_config = {
+            **self._common_config(session),
+            "acks": "all",
+            # the Java client's: keyed deliveries land where the target's other producers put that key
+            "partitioner": "murmur2_random",
+            "linger.ms": s.producer_linger_ms,
+            "batch.size": s.producer_batch_bytes,
+            "message.max.bytes": max(s.max_message_bytes + 65_536, s.producer_batch_bytes),  # our size check binds
+            "message.timeout.ms": write_timeout,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 2_097_151,
+            "allow.auto.create.topics": False,  # a target that vanished is not re-created by a write
+            # no report per record: a batch is acknowledged as a whole (see engine.committer), a
+            # failure is reported
+            "delivery.report.only.error": True,
+            "on_delivery": partial(self._delivery_failed, session),
+        }
+        # what the guarantee adds (a transactional id, idempotence); the operator's word last
+        producer_extra, _ = self.committer_kind.client_config(s, name=self.name, broker=self.broker)
+        producer = Producer({**producer_config, **producer_extra, **s.librdkafka_overrides()})
+        self.committer_kind.prepare(producer, settings=s, stopping=self._stopping, waiting=self._still_opening)
+        return producer
+
+    def _serve(self) -> None:
+        """Run the loop on the clients opened until it stops; a transaction's end that no call
+        came back from replaces the producer alone (:meth:`_replace_producer`): the consumer
+        keeps its partitions and its group does not rebalance."""
+        while True:
+            try:
+                self._run()
+                return
+            except TransactionStuck as stuck:
+                if self._stopping.is_set() or self._replaced_in_a_row >= MAX_PRODUCER_REPLACEMENTS:
+                    raise
+                self._replace_producer(stuck)
+
+    def _replace_producer(self, stuck: TransactionStuck) -> None:
+        """exactly_once, a transaction's end given up (see :class:`TransactionStuck`):
+        1. the old producer is never touched again: its call returns when its broker is back (on
+           the committer's thread), and what it reports then is ignored (a new producer session);
+        2. a new producer with the same transactional id fences it and aborts its transaction;
+        3. the writer and the committer are built anew around it and the consumer;
+        4. the transaction's partitions are fetched again from their commits (its offsets were
+           never committed: nothing it wrote is read by a read_committed consumer)."""
+        consumer, committer = self._consumer, self._committer
+        assert consumer is not None
+        self._replaced_in_a_row += 1
+        self.stats.producers_replaced += 1
+        log.warning("%s: replacing its producer, keeping its consumer and its partitions (%s)", self.label, stuck)
+        if committer is not None:
+            committer.close()
+        session = self._producer_session = object()
+        self._producer = self._writer = self._committer = None
+        self._producer = self._open_producer(session)
+        self._wire(self._producer, consumer)
+        self._rewind(set(stuck.partitions) & set(self.tasks.served()))
+        log.info("%s: its new producer is ready", self.label)
 
     def _still_opening(self) -> None:
         """Waiting for the broker while the clients open is not a wedged loop (the liveness probe)."""
@@ -408,7 +462,7 @@ class HopLoop(Service):
             committer.close()
         self._consumer = self._producer = None
         self._writer = self._committer = self._ensure_targets = None
-        self._session = None
+        self._session = self._producer_session = None
         self.tasks.forget(self.tasks.served())
         if producer is not None and producer_usable:
             producer.flush(1 if clean else 0)
@@ -433,7 +487,7 @@ class HopLoop(Service):
             consumer.consume(self.settings.max_batch, 0.1)
 
     def _client_error(self, session: object, error: KafkaError) -> None:
-        if session is not self._session:
+        if session is not self._session and session is not self._producer_session:
             log.info("%s: a client given up earlier reports: %s", self.label, error)
             return
         if error.fatal():
@@ -585,6 +639,7 @@ class HopLoop(Service):
         were dropped again from their commits; 3. pause before fetching again."""
         if outcome.confirmed:
             self._confirm_commits(dict(outcome.confirmed))
+            self._replaced_in_a_row = 0
         if outcome.rewind:
             self._rewind(set(outcome.rewind))
         if outcome.pause_s:
@@ -644,7 +699,7 @@ class HopLoop(Service):
 
     def _delivery_failed(self, session: object, error: KafkaError | None, message: Message | None) -> None:
         """The producer's report of a failed write, for the writer of the clients that wrote it."""
-        if self._writer is not None and session is self._session:
+        if self._writer is not None and session is self._producer_session:
             self._writer.delivery_failed(error, message)
 
     def _committed(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:

@@ -44,6 +44,7 @@ class LoopStats:
     waits: int = 0
     rebalances: int = 0
     restarts: int = 0
+    producers_replaced: int = 0  # exactly_once: producers replaced after a transaction's end was given up
     commits: int = 0
     stalls: int = 0
     rewinds: int = 0
@@ -111,6 +112,7 @@ def loop_figures(hop_loop: Any, lag: dict[str, int], *, now_ms: int, window_ms: 
             "throttled": stats.throttled,
             "rebalances": stats.rebalances,
             "restarts": stats.restarts,
+            "producers_replaced": stats.producers_replaced,
             "stalls": stats.stalls,
             "rewinds": stats.rewinds,
             "fenced": stats.fenced,

@@ -131,14 +131,14 @@ def test_a_transactional_call_is_made_again_in_slices_while_its_error_is_retriab
     # 1 s slices, retried, at most 1.9 s)
     from confluent_kafka import KafkaError, KafkaException
 
-    from delayapp.engine.committer import in_slices
+    from delayapp.engine.committer import TxnProgress, in_slices
 
     outcomes = [
         KafkaException(KafkaError(KafkaError._TIMED_OUT, "slice timed out", retriable=True)),
         KafkaException(KafkaError(KafkaError._TRANSPORT, "coordinator went away", retriable=True)),
         None,
     ]
-    calls, progress = [], [0.0]
+    calls, progress = [], TxnProgress("offsets", came_back_s=0.0)
 
     def call() -> None:
         calls.append(1)
@@ -147,7 +147,7 @@ def test_a_transactional_call_is_made_again_in_slices_while_its_error_is_retriab
             raise outcome
 
     in_slices(call, time.monotonic() + 10, progress)
-    assert len(calls) == 3 and progress[0] > 0  # each slice that came back is progress
+    assert len(calls) == 3 and progress.came_back_s > 0  # each slice that came back is progress
 
 
 def test_a_transactional_call_gives_up_on_an_abortable_or_fatal_error_or_at_its_deadline() -> None:
@@ -175,3 +175,18 @@ def test_a_transactional_call_gives_up_on_an_abortable_or_fatal_error_or_at_its_
     with pytest.raises(KafkaException):
         in_slices(always_retriable, time.monotonic() - 1)  # the deadline has passed: made once
     assert len(calls) == 1
+
+
+def test_a_transactions_end_says_which_step_it_waited_in() -> None:
+    # an end that waited is logged with its steps' durations: an operator sees whether the
+    # records' leaders (flush), the group coordinator (offsets) or the transaction coordinator
+    # (commit) kept it
+    from delayapp.engine.committer import TxnProgress
+
+    progress = TxnProgress("flush")
+    progress.step_began_s -= 0.5
+    progress.enter("offsets")
+    progress.step_began_s -= 7.0
+    progress.enter("commit")
+    assert progress.describe().startswith("flush 0.5 s, offsets 7.0 s, commit 0.0 s")
+    assert progress.came_back_s >= progress.step_began_s  # entering a step is progress

@@ -48,16 +48,21 @@ async def create_topics(
     bootstrap: str,
     *names: str,
     partitions: int = 3,
+    replication: int = 1,
     configs: dict[str, str] | None = None,
     security: Mapping[str, str] | None = None,
 ) -> None:
-    """Create topics (with topic ``configs``, if given), leaving alone those that exist
-    (``security``: as for :func:`client_kwargs`)."""
+    """Create topics (``replication`` copies of each partition, with topic ``configs``, if given),
+    leaving alone those that exist (``security``: as for :func:`client_kwargs`)."""
     admin = AIOKafkaAdminClient(**client_kwargs(bootstrap, security))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        new = [NewTopic(name, partitions, 1, topic_configs=configs or {}) for name in names if name not in existing]
+        new = [
+            NewTopic(name, partitions, replication, topic_configs=configs or {})
+            for name in names
+            if name not in existing
+        ]
         if new:
             await admin.create_topics(new)
     finally:
