@@ -224,23 +224,30 @@ def reach_of(entry: str, lanes: Lanes) -> Reach:
     return Reach(entry, tuple(own_rules + own_names), tuple(other))
 
 
+def lane_note(entry: str, lanes: Lanes) -> tuple[str, bool] | None:
+    """The line a worker logs at start about one allow-list ``entry`` that reaches a lane, naming
+    the rules it reaches and what happens to such a target, and whether it reaches delayapp's own
+    lanes (refused whatever the allow-list says: a warning; other systems' alone are a note,
+    since nearly every ``name.*`` reaches ``*-changelog``); None when it reaches none."""
+    reach = reach_of(entry, lanes)
+    parts: list[str] = []
+    if reach.own:
+        parts.append(f"delayapp's own {_listed(reach.own)} stay refused, never targets (target-loop)")
+    if reach.other:
+        parts.append(
+            f"other systems' {_listed(reach.other)} are targets only when DELAYAPP_ALLOWED_TARGETS "
+            "names one exactly, never through a pattern (target-not-allowed)"
+        )
+    if not parts:
+        return None
+    return f"allowed target {entry!r} reaches topics in a lane: " + "; ".join(parts), bool(reach.own)
+
+
 def lane_warnings(allowed_targets: tuple[str, ...], lanes: Lanes) -> list[str]:
-    """One line for each allow-list entry that reaches a lane, naming the entry and the rules it
-    reaches, and saying what happens to such a target; a worker logs them at start."""
-    lines: list[str] = []
-    for entry in dict.fromkeys(allowed_targets):  # each entry once, in the setting's order
-        reach = reach_of(entry, lanes)
-        parts: list[str] = []
-        if reach.own:
-            parts.append(f"delayapp's own {_listed(reach.own)} stay refused, never targets (target-loop)")
-        if reach.other:
-            parts.append(
-                f"other systems' {_listed(reach.other)} are targets only when DELAYAPP_ALLOWED_TARGETS "
-                "names one exactly, never through a pattern (target-not-allowed)"
-            )
-        if parts:
-            lines.append(f"allowed target {entry!r} reaches topics in a lane: " + "; ".join(parts))
-    return lines
+    """One line for each allow-list entry that reaches a lane (:func:`lane_note`), in the
+    setting's order, each entry once."""
+    notes = (lane_note(entry, lanes) for entry in dict.fromkeys(allowed_targets))
+    return [note[0] for note in notes if note is not None]
 
 
 def _listed(rules: tuple[tuple[str, str], ...]) -> str:

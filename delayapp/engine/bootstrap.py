@@ -90,8 +90,9 @@ async def broker_default_replication(admin: AIOKafkaAdminClient) -> int:
 
     Read and passed explicitly rather than sent as -1: aiokafka's CreateTopics stops at version 3,
     below the one that lets the broker choose."""
+    brokers = admin._client.cluster.brokers()
     try:
-        node = next(iter(admin._client.cluster.brokers())).nodeId  # any broker: the setting is cluster-wide in practice
+        node = next(iter(brokers)).nodeId  # any broker: the setting is cluster-wide in practice
         response = await admin.describe_configs(
             [ConfigResource(ConfigResourceType.BROKER, str(node), configs={"default.replication.factor": None})]
         )
@@ -102,7 +103,9 @@ async def broker_default_replication(admin: AIOKafkaAdminClient) -> int:
                     log.info("replication factor of new topics: %d (the broker's default.replication.factor)", factor)
                     return factor
     except Exception as exc:  # the embedded broker closes the connection on DescribeConfigs
-        log.warning(
+        # one broker can hold one copy only: nothing to warn about (the embedded broker, a laptop)
+        log.log(
+            logging.INFO if len(brokers) <= 1 else logging.WARNING,
             "the broker does not report its default.replication.factor (%s: %s): new topics get replication "
             "factor 1; set DELAYAPP_REPLICATION_FACTOR",
             type(exc).__name__,

@@ -23,7 +23,7 @@ from mode import Service
 
 from delayapp import __version__, compiled
 from delayapp.core.clock import GuardedClock, monotonic_ms, now_ms
-from delayapp.core.lanes import lane_warnings
+from delayapp.core.lanes import lane_note
 from delayapp.core.layout import TopicLayout, delay_group_id
 from delayapp.core.policies import Policy
 from delayapp.core.retired import retired_sources
@@ -111,11 +111,15 @@ def build_policy(settings: Settings, layout: TopicLayout) -> Policy:
 
 
 def warn_about_lanes(policy: Policy) -> None:
-    """Log one warning for each allow-list entry that reaches a lane (:func:`lane_warnings`):
-    said at start, so an operator learns that ``payments-*`` leaves out ``payments-x-changelog``
-    before the first record for it is dead-lettered."""
-    for line in lane_warnings(policy.allowed_targets, policy.lanes):
-        log.warning("%s", line)
+    """Log one line for each allow-list entry that reaches a lane (:func:`lane_note`), said at
+    start so an operator learns that ``payments-*`` leaves out ``payments-x-changelog`` before
+    the first record for it is dead-lettered: a warning where it reaches delayapp's own lanes, a
+    note where it reaches other systems' only."""
+    for entry in dict.fromkeys(policy.allowed_targets):
+        note = lane_note(entry, policy.lanes)
+        if note is not None:
+            line, own = note
+            log.log(logging.WARNING if own else logging.INFO, "%s", line)
 
 
 ExtraLoops = Callable[[TopicLayout, dict[str, Any]], list[HopLoop]]

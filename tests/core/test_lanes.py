@@ -318,3 +318,15 @@ def test_every_underscore_connect_changelog_and_repartition_name_is_in_a_lane(na
     for topic in (f"_{name}", f"__{name}", f"connect-{name}", f"{name}-changelog", f"{name}-repartition"):
         lane = lane_of(topic, Lanes())
         assert lane is not None and not lane.own, topic
+
+
+def test_an_entry_reaching_only_other_systems_lanes_is_a_note_not_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # the demo's demo.* reaches *-changelog, *-repartition and *.internal, as nearly every name.* does:
+    # a newcomer's first run must not open on a warning about it
+    from delayapp.engine.service import build_policy, warn_about_lanes
+
+    settings = load_settings(allowed_targets="demo.*")
+    with caplog.at_level(logging.INFO, logger="delayapp.engine.service"):
+        warn_about_lanes(build_policy(settings, settings.topic_layout()))
+    records = [r for r in caplog.records if r.name == "delayapp.engine.service"]
+    assert len(records) == 1 and records[0].levelno == logging.INFO and "'*-changelog'" in records[0].getMessage()
