@@ -120,18 +120,22 @@ class Fenced(Exception):
     retriable = True
 
 
-class TransactionStuck(Exception):
-    """exactly_once: no call of a transaction's commit or abort came back within
-    :data:`TRANSACTION_STALL_S`; the producer is given up (its call may never return). The loop
-    replaces its producer and keeps its consumer (:meth:`HopLoop._replace_producer`): the new
-    producer, with the same transactional id, fences this one and aborts its transaction, and
-    ``partitions`` (the transaction's) are fetched again from their commits."""
+class ProducerGivenUp(Exception):
+    """The committer gave its producer up (a call of it may never return) and forgot what was in
+    flight; ``partitions``, those it touched, are fetched again from their commits. The loop
+    replaces the producer and keeps its consumer (``HopLoop._replace_producer``)."""
 
     retriable = True
 
     def __init__(self, message: str, partitions: Collection[PartitionKey] = frozenset()) -> None:
         super().__init__(message)
         self.partitions = frozenset(partitions)
+
+
+class TransactionStuck(ProducerGivenUp):
+    """exactly_once: no call of a transaction's commit or abort came back within
+    :data:`TRANSACTION_STALL_S`. The new producer, with the same transactional id, fences this
+    one and aborts its transaction, whose partitions are fetched again from their commits."""
 
 
 @dataclass(frozen=True, slots=True)

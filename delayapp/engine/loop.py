@@ -71,7 +71,7 @@ from delayapp.engine.committer import (
     EmitTimeout,
     ExactlyOnceCommitter,
     Outcome,
-    TransactionStuck,
+    ProducerGivenUp,
 )
 from delayapp.engine.groups import consumer_group_config, rebalances_incrementally
 from delayapp.engine.handler import Handler
@@ -89,8 +89,8 @@ librdkafka_log = logging.getLogger("delayapp.librdkafka")
 
 IDLE_POLL_MS = 100  # longest a poll blocks when nothing waits and nothing is in flight
 FETCH_QUEUE_BACKOFF_MS = 5  # how soon librdkafka fetches again for a partition whose read-ahead was full
-# exactly_once: producers replaced one after another with no transaction committed between them,
-# beyond which the loop reopens its clients instead (the consumer too: something else is wrong)
+# producers replaced one after another with nothing committed between them, beyond which the loop
+# reopens its clients instead (the consumer too: something else is wrong)
 MAX_PRODUCER_REPLACEMENTS = 3
 
 
@@ -190,7 +190,7 @@ class HopLoop(Service):
         self._broken: BaseException | None = None  # an error inside a librdkafka callback: the loop reopens
         self._session: object | None = None  # the clients opened last (see _open)
         self._producer_session: object | None = None  # the producer opened last (see _replace_producer)
-        self._replaced_in_a_row = 0  # producers replaced since the last committed transaction
+        self._replaced_in_a_row = 0  # producers replaced since the last commit confirmed
         self._joined = False  # True from an assignment to the next revocation: the group is not rebalancing
         self._joined_at = 0.0  # monotonic s of the last assignment
         # monotonic s of the latest change of this loop's assignment (None: none since its clients
@@ -377,38 +377,39 @@ class HopLoop(Service):
         return producer
 
     def _serve(self) -> None:
-        """Run the loop on the clients opened until it stops; a transaction's end that no call
-        came back from replaces the producer alone (:meth:`_replace_producer`): the consumer
-        keeps its partitions and its group does not rebalance."""
+        """Run the loop on the clients opened until it stops; a producer the committer gave up
+        is replaced alone (:meth:`_replace_producer`): the consumer keeps its partitions and its
+        group does not rebalance."""
         while True:
             try:
                 self._run()
                 return
-            except TransactionStuck as stuck:
+            except ProducerGivenUp as given_up:
                 if self._stopping.is_set() or self._replaced_in_a_row >= MAX_PRODUCER_REPLACEMENTS:
                     raise
-                self._replace_producer(stuck)
+                self._replace_producer(given_up)
 
-    def _replace_producer(self, stuck: TransactionStuck) -> None:
-        """exactly_once, a transaction's end given up (see :class:`TransactionStuck`):
+    def _replace_producer(self, given_up: ProducerGivenUp) -> None:
+        """The committer gave its producer up (under exactly_once, a transaction's end no call of
+        which came back: see the committer):
         1. the old producer is never touched again: its call returns when its broker is back (on
            the committer's thread), and what it reports then is ignored (a new producer session);
-        2. a new producer with the same transactional id fences it and aborts its transaction;
+        2. a new producer opens, made ready for the guarantee (exactly_once: with the same
+           transactional id, it fences the old one and aborts what that one left open);
         3. the writer and the committer are built anew around it and the consumer;
-        4. the transaction's partitions are fetched again from their commits (its offsets were
-           never committed: nothing it wrote is read by a read_committed consumer)."""
+        4. the partitions of the work given up are fetched again from their commits."""
         consumer, committer = self._consumer, self._committer
         assert consumer is not None
         self._replaced_in_a_row += 1
         self.stats.producers_replaced += 1
-        log.warning("%s: replacing its producer, keeping its consumer and its partitions (%s)", self.label, stuck)
+        log.warning("%s: replacing its producer, keeping its consumer and its partitions (%s)", self.label, given_up)
         if committer is not None:
             committer.close()
         session = self._producer_session = object()
         self._producer = self._writer = self._committer = None
         self._producer = self._open_producer(session)
         self._wire(self._producer, consumer)
-        self._rewind(set(stuck.partitions) & set(self.tasks.served()))
+        self._rewind(set(given_up.partitions) & set(self.tasks.served()))
         log.info("%s: its new producer is ready", self.label)
 
     def _still_opening(self) -> None:
