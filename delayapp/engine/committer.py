@@ -122,14 +122,19 @@ class Fenced(Exception):
 
 class ProducerGivenUp(Exception):
     """The committer gave its producer up (a call of it may never return) and forgot what was in
-    flight; ``partitions``, those it touched, are fetched again from their commits. The loop
-    replaces the producer and keeps its consumer (``HopLoop._replace_producer``)."""
+    flight; ``partitions``, those it touched, are fetched again from their commits. Where
+    ``replaceable`` (given up while the loop served its partitions, not inside a rebalance) the
+    loop replaces the producer and keeps its consumer (``HopLoop._replace_producer``); else it
+    reopens its clients, the consumer too."""
 
     retriable = True
 
-    def __init__(self, message: str, partitions: Collection[PartitionKey] = frozenset()) -> None:
+    def __init__(
+        self, message: str, partitions: Collection[PartitionKey] = frozenset(), *, replaceable: bool = True
+    ) -> None:
         super().__init__(message)
         self.partitions = frozenset(partitions)
+        self.replaceable = replaceable
 
 
 class TransactionStuck(ProducerGivenUp):
@@ -552,7 +557,7 @@ class ExactlyOnceCommitter(Committer):
             self._start_commit()
         outcome = QUIET
         while self._ending is not None:
-            settled = self._settle(TXN_WAIT_S)
+            settled = self._settle(TXN_WAIT_S, replaceable=False)  # before a rebalance or a stop
             if settled is not QUIET:  # a commit confirmed, or an abort done (after a failed commit)
                 outcome = settled
         return outcome
@@ -564,13 +569,13 @@ class ExactlyOnceCommitter(Committer):
         if self.producer_unusable or not was_open:
             return
         if ending is not None and not ending.future.done():
-            self._give_up("the transaction's end did not complete before the partitions went")
+            self._give_up("the transaction's end did not complete before the partitions went", replaceable=False)
             return
         future = self._ender.submit(self._abort_call(time.monotonic() + self.settings.emit_timeout / 1000, None))
         try:
             future.result(timeout=TRANSACTION_STALL_S)
         except FutureTimeout:
-            self._give_up(f"aborting the transaction took over {TRANSACTION_STALL_S:.0f} s")
+            self._give_up(f"aborting the transaction took over {TRANSACTION_STALL_S:.0f} s", replaceable=False)
         except KafkaException as exc:
             log.warning("%s: abort failed (%s)", self.label, exc)
             error = kafka_error(exc)
@@ -631,8 +636,9 @@ class ExactlyOnceCommitter(Committer):
 
         self._ending = _Ending(commit=True, future=self._ender.submit(commit), offsets=offsets, progress=progress)
 
-    def _settle(self, wait_s: float) -> Outcome:
-        """Wait up to ``wait_s`` for the end under way; its outcome once it has one."""
+    def _settle(self, wait_s: float, *, replaceable: bool = True) -> Outcome:
+        """Wait up to ``wait_s`` for the end under way; its outcome once it has one (given up:
+        ``replaceable`` as in :class:`ProducerGivenUp`)."""
         ending = self._ending
         assert ending is not None
         try:
@@ -643,7 +649,8 @@ class ExactlyOnceCommitter(Committer):
             if now_s - ending.progress.came_back_s >= TRANSACTION_STALL_S:
                 self._give_up(
                     f"{'committing' if ending.commit else 'aborting'} the transaction: a call made no progress for "
-                    f"{TRANSACTION_STALL_S:.0f} s ({ending.progress.describe()}; is the transaction coordinator away?)"
+                    f"{TRANSACTION_STALL_S:.0f} s ({ending.progress.describe()}; is the transaction coordinator away?)",
+                    replaceable=replaceable,
                 )
             elif waited >= TXN_WAIT_LOG_S and not ending.logged:
                 ending.logged = True
@@ -712,8 +719,9 @@ class ExactlyOnceCommitter(Committer):
         log.warning("%s: aborting the transaction failed (%s); reopening the loop's clients", self.label, exc)
         raise exc
 
-    def _give_up(self, why: str) -> None:
-        """The producer's call may never return: never touch it again; the loop replaces it."""
+    def _give_up(self, why: str, *, replaceable: bool = True) -> None:
+        """The producer's call may never return: never touch it again; the loop replaces it
+        (``replaceable``) or reopens its clients."""
         self._ending = None
         self.producer_unusable = True
         partitions = self._drop()
@@ -721,6 +729,7 @@ class ExactlyOnceCommitter(Committer):
             f"{why}; a new producer fences this one and aborts its transaction, and the partitions are fetched "
             "again from their commits",
             partitions,
+            replaceable=replaceable,
         )
         log.warning("%s: %s", self.label, self.failure)
         raise self.failure

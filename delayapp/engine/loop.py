@@ -385,7 +385,11 @@ class HopLoop(Service):
                 self._run()
                 return
             except ProducerGivenUp as given_up:
-                if self._stopping.is_set() or self._replaced_in_a_row >= MAX_PRODUCER_REPLACEMENTS:
+                if (
+                    not given_up.replaceable
+                    or self._stopping.is_set()
+                    or self._replaced_in_a_row >= MAX_PRODUCER_REPLACEMENTS
+                ):
                     raise
                 self._replace_producer(given_up)
 
@@ -397,7 +401,10 @@ class HopLoop(Service):
         2. a new producer opens, made ready for the guarantee (exactly_once: with the same
            transactional id, it fences the old one and aborts what that one left open);
         3. the writer and the committer are built anew around it and the consumer;
-        4. the partitions of the work given up are fetched again from their commits."""
+        4. the partitions of the work given up are fetched again from the broker's commits, asked
+           now: what the old producer left may have been committed after all (a commit its
+           broker had begun completes when the new producer fences it), so the loop's own
+           record of its commits is not enough (it redid a committed transaction: written twice)."""
         consumer, committer = self._consumer, self._committer
         assert consumer is not None
         self._replaced_in_a_row += 1
@@ -409,8 +416,11 @@ class HopLoop(Service):
         self._producer = self._writer = self._committer = None
         self._producer = self._open_producer(session)
         self._wire(self._producer, consumer)
-        self._rewind(set(given_up.partitions) & set(self.tasks.served()))
-        log.info("%s: its new producer is ready", self.label)
+        keys = sorted(set(given_up.partitions) & self.tasks.served())
+        self.tasks.forget(keys)
+        for tp in self._adopt_commits(consumer, [TopicPartition(*key) for key in keys]):
+            self._seek((tp.topic, tp.partition), tp.offset if tp.offset >= 0 else None)
+        log.info("%s: its new producer is ready; %d partitions read again from their commits", self.label, len(keys))
 
     def _still_opening(self) -> None:
         """Waiting for the broker while the clients open is not a wedged loop (the liveness probe)."""
@@ -504,17 +514,10 @@ class HopLoop(Service):
         # 5. Any head that is not due pauses its partition again when fetched, so a
         #    rebalance never releases a record early.
         try:
-            committed = consumer.committed(partitions, timeout=self.settings.emit_timeout / 1000) if partitions else []
+            starts = self._adopt_commits(consumer, partitions)
         except Exception as exc:
             self._broken = exc  # without the commits nothing can be served safely: reopen
             return
-        now_s = time.monotonic()
-        starts = []
-        for tp in committed:
-            offset = tp.offset if tp.offset >= 0 else None
-            self.tasks.adopt((tp.topic, tp.partition), offset, tp.metadata, now_s=now_s)
-            self._broker_commits[(tp.topic, tp.partition)] = (offset, tp.metadata or "")
-            starts.append(TopicPartition(tp.topic, tp.partition, offset if offset is not None else OFFSET_BEGINNING))
         # 6. Incremental protocols hand over only what is added: every other partition is
         #    served on as it was (its queue, its position, its pause).
         if self._incremental:
@@ -531,6 +534,20 @@ class HopLoop(Service):
             self.topic,
             _positions((tp.topic, tp.partition, tp.offset if tp.offset >= 0 else None) for tp in starts),
         )
+
+    def _adopt_commits(self, consumer: Consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Serve ``partitions`` from the broker's commits (asked now: under read_committed the
+        broker answers once no transaction holding offsets for them is pending); where to fetch
+        each from."""
+        committed = consumer.committed(partitions, timeout=self.settings.emit_timeout / 1000) if partitions else []
+        now_s = time.monotonic()
+        starts = []
+        for tp in committed:
+            offset = tp.offset if tp.offset >= 0 else None
+            self.tasks.adopt((tp.topic, tp.partition), offset, tp.metadata, now_s=now_s)
+            self._broker_commits[(tp.topic, tp.partition)] = (offset, tp.metadata or "")
+            starts.append(TopicPartition(tp.topic, tp.partition, offset if offset is not None else OFFSET_BEGINNING))
+        return starts
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # 1. Still the partitions' owner: finish what is in flight, forward first, then commit
