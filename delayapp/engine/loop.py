@@ -403,8 +403,8 @@ class HopLoop(Service):
         3. the writer and the committer are built anew around it and the consumer;
         4. the partitions of the work given up are fetched again from the broker's commits, asked
            now: what the old producer left may have been committed after all (a commit its
-           broker had begun completes when the new producer fences it), so the loop's own
-           record of its commits is not enough (it redid a committed transaction: written twice)."""
+           broker had begun completes when the new producer fences it), and redoing it from the
+           loop's own record of its commits would write it twice."""
         consumer, committer = self._consumer, self._committer
         assert consumer is not None
         self._replaced_in_a_row += 1
