@@ -272,9 +272,14 @@ class RollingDeploy:
             await self._serving(worker)
             log.info("%s serves again", worker.name)
 
+    #: the replicated cluster the run is on, if any (set by the runs that restart or hold one)
+    cluster: Cluster | None = None
+
     def _target_replication(self) -> int:
-        """Copies of each target partition: one on a single broker."""
-        return 1
+        """Copies of each target partition: one on a single broker; on a cluster, replicated like
+        a production target (a target partition on one broker waits for that broker to come back,
+        and a transaction writing to it with it: every delivery of its loop)."""
+        return min(3, self.cluster.nodes) if self.cluster is not None else 1
 
     async def run(self) -> DeployResult:
         """Start the workers, send, roll them one by one, drain, count."""
@@ -391,14 +396,11 @@ class RollingRestart(RollingDeploy):
     SIGTERM and started again, the next once no partition is under-replicated, while the workers
     run on. ``reopened`` then counts what the issue forbids: loops that failed and reopened."""
 
+    cluster: Cluster  # always set here
+
     def __init__(self, config: DeployConfig, cluster: Cluster) -> None:
         super().__init__(config)
         self.cluster = cluster
-
-    def _target_replication(self) -> int:
-        # replicated like a production target: a target partition on one broker only waits for that
-        # broker to come back, and a transaction writing to it with it (every delivery of its loop)
-        return min(3, self.cluster.nodes)
 
     async def _shell(self, command: str, node: int | None = None) -> None:
         line = command.replace("{node}", str(node)) if node is not None else command
@@ -488,9 +490,6 @@ class Steady(RollingDeploy):
         super().__init__(config)
         self.hold_s = hold_s
         self.cluster = cluster
-
-    def _target_replication(self) -> int:
-        return min(3, self.cluster.nodes) if self.cluster is not None else 1
 
     async def _roll(self) -> None:
         await asyncio.sleep(self.hold_s)
