@@ -221,8 +221,9 @@ class TxnProgress:
         self.came_back_s = time.monotonic()
 
     def describe(self) -> str:
-        """The steps so far with their durations, e.g. ``flush 0.0 s, offsets 7.4 s, commit 0.2 s``."""
-        steps = [*self.done, (self.step, time.monotonic() - self.step_began_s)]
+        """The steps so far with their durations, e.g. ``flush 0.0 s, offsets 7.4 s, commit 0.2 s``
+        (the step under way last, unless the end is done)."""
+        steps = [*self.done] if self.step == "done" else [*self.done, (self.step, time.monotonic() - self.step_began_s)]
         return ", ".join(f"{step} {seconds:.1f} s" for step, seconds in steps)
 
 
