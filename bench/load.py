@@ -13,7 +13,7 @@ import asyncio
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
@@ -263,54 +263,141 @@ async def offer(target: Target, rate: float, seconds: float, delay_ms: tuple[int
     return result
 
 
-async def saturation(
-    step: Callable[[float], Awaitable[dict]], start: float, *, max_steps: int, refine: int, label: str = ""
-) -> dict:
-    """The highest offered rate ``step`` keeps up with: double from ``start`` until a step falls
-    behind (halve if the first does), then bisect ``refine`` times; at most ``max_steps`` steps.
-    ``rate`` is the highest rate kept up with (None if none was), ``failed_at`` the lowest that was
-    not; a step that leaves records undelivered after :data:`DRAIN_S` ends the search."""
+@dataclass(frozen=True)
+class Outcome:
+    """One step of a saturation search: the rate offered, whether it kept up, and whether every
+    record it wrote arrived within the drain (one left queued would slow the next step)."""
+
+    rate: float
+    kept_up: bool
+    drained: bool = True
+
+
+@dataclass(frozen=True)
+class SearchPoint:
+    """Where a saturation search stands after its outcomes so far (:func:`next_step`)."""
+
+    next_rate: float | None  # the rate to offer next; None: the search is over
+    repeat: bool  # next_rate is a step that fell behind once, offered again before it counts
+    passed: float | None  # the highest rate kept up with
+    failed: float | None  # the lowest rate that fell behind twice in a row (or left records queued)
+    passed_on_repeat: tuple[float, ...] = ()  # rates that fell behind once, then kept up
+
+
+def next_step(outcomes: Sequence[Outcome], *, start: float, max_steps: int, refine: int) -> SearchPoint:
+    """The saturation search's decisions, replayed from its outcomes so far (pure: no broker).
+
+    Doubles from ``start`` until a step falls behind (halves if the first does), then bisects
+    ``refine`` times between the highest rate kept up with and the lowest that fell behind, at
+    most ``max_steps`` rates. A step that falls behind is offered once more at the same rate before
+    it counts: only a step failing twice in a row is a failure (the first step against a broker
+    just restarted fell behind while the broker itself acknowledged writes at p99 2.9 s, and a
+    search trusting it never went higher), and the repeat is not counted in ``max_steps``. A step
+    that leaves records undelivered ends the search at once: a repeat would meet its backlog."""
     passed: float | None = None
     failed: float | None = None
-    steps: list[dict] = []
-    rate = start
-    bisections = 0
-    while len(steps) < max_steps:
-        result = await step(rate)
-        steps.append(result)
-        print(
-            f"    {label} {rate:,.0f} rec/s: {'kept up' if result['kept_up'] else 'fell behind'} "
-            f"(p99 {result['p99']:,.0f} ms, {result['delivered']}/{result['sent']}, "
-            f"producer {result['producer_rate']:,.0f} rec/s, acked p99 {result['producer_ack_p99']:,.0f} ms)",
-            flush=True,
-        )
-        if result["kept_up"]:
-            passed = max(passed or 0.0, rate)
+    once: list[float] = []
+    rate, rates, bisections = start, 0, 0
+    pending: float | None = None  # a rate that fell behind once, to be offered again
+    for outcome in outcomes:
+        if pending is None:
+            rates += 1
+        repeated, pending = pending is not None, None
+        if outcome.kept_up:
+            passed = max(passed or 0.0, outcome.rate)
+            if repeated:
+                once.append(outcome.rate)
+        elif repeated or not outcome.drained:
+            failed = min(failed or float("inf"), outcome.rate)
         else:
-            failed = min(failed or float("inf"), rate)
-        if result["delivered"] < result["sent"]:
-            break  # records still queued would slow the next step: its figure would be wrong
+            pending = outcome.rate
+            continue
+        if not outcome.drained:
+            return SearchPoint(None, False, passed, failed, tuple(once))
+        if rates >= max_steps:
+            return SearchPoint(None, False, passed, failed, tuple(once))
         if failed is None:
-            rate *= 2
+            rate = outcome.rate * 2
         elif passed is None:
-            rate /= 2
+            rate = outcome.rate / 2
         elif bisections < refine:
             bisections += 1
             rate = round((passed + failed) / 2)
         else:
-            break
-    return {"rate": passed, "failed_at": failed, "steps": steps}
+            return SearchPoint(None, False, passed, failed, tuple(once))
+    if pending is not None:
+        return SearchPoint(pending, True, passed, failed, tuple(once))
+    return SearchPoint(rate, False, passed, failed, tuple(once))
+
+
+async def saturation(
+    step: Callable[[float], Awaitable[dict]],
+    start: float,
+    *,
+    max_steps: int,
+    refine: int,
+    label: str = "",
+    warmup: Callable[[], Awaitable[dict]] | None = None,
+) -> dict:
+    """The highest offered rate ``step`` keeps up with, searched as :func:`next_step` decides.
+    ``warmup`` (if any) is awaited first and its result left out of the search: a cold worker or
+    broker falls behind at a rate it keeps up with a minute later. ``rate`` is the highest rate
+    kept up with (None if none was), ``failed_at`` the lowest that was not (twice in a row),
+    ``steps`` every step offered (repeats included, marked ``repeat``)."""
+    found: dict = {}
+    if warmup is not None:
+        warm = await warmup()
+        found["warmup"] = warm
+        print(
+            f"    {label} warm-up {warm['rate']:,.0f} rec/s (not counted): "
+            f"{'kept up' if warm['kept_up'] else 'fell behind'} (p99 {warm['p99']:,.0f} ms, "
+            f"{warm['delivered']}/{warm['sent']}, acked p99 {warm['producer_ack_p99']:,.0f} ms)",
+            flush=True,
+        )
+    steps: list[dict] = []
+    outcomes: list[Outcome] = []
+    point = next_step(outcomes, start=start, max_steps=max_steps, refine=refine)
+    while point.next_rate is not None:
+        rate = point.next_rate
+        result = await step(rate)
+        if point.repeat:
+            result["repeat"] = True
+        steps.append(result)
+        outcomes.append(Outcome(rate, result["kept_up"], result["delivered"] >= result["sent"]))
+        point = next_step(outcomes, start=start, max_steps=max_steps, refine=refine)
+        verdict = "kept up" if result["kept_up"] else "fell behind"
+        if point.repeat:
+            verdict += " (offered again before it counts)"
+        elif not result["kept_up"] and not outcomes[-1].drained:
+            verdict += " and left records queued (the search ends)"
+        print(
+            f"    {label} {rate:,.0f} rec/s{' again' if result.get('repeat') else ''}: {verdict} "
+            f"(p99 {result['p99']:,.0f} ms, {result['delivered']}/{result['sent']}, "
+            f"producer {result['producer_rate']:,.0f} rec/s, acked p99 {result['producer_ack_p99']:,.0f} ms)",
+            flush=True,
+        )
+    return {
+        "rate": point.passed,
+        "failed_at": point.failed,
+        "passed_on_repeat": list(point.passed_on_repeat),
+        "steps": steps,
+        **found,
+    }
 
 
 async def saturation_of(target: Target, *, quick: bool, label: str) -> dict:
     """The saturation search every scheduler gets (the same steps for delayapp and the Redis
-    design): 10 s steps from 1,000 rec/s, doubling, then two bisections, at most 9 steps (room
-    for 5 doublings: 32k rec/s); ``quick``: two 3 s steps from 250 rec/s."""
+    design): a warm-up step at a quarter of the first rate (not counted), then 10 s steps from
+    1,000 rec/s, doubling, then two bisections, at most 9 rates (room for 5 doublings: 32k
+    rec/s), a step that falls behind offered once more before it counts; ``quick``: two 3 s
+    steps from 250 rec/s."""
     seconds = 3 if quick else 10
+    start = 250 if quick else 1_000
     return await saturation(
         lambda rate: offer(target, rate, seconds),
-        250 if quick else 1_000,
+        start,
         max_steps=2 if quick else 9,
         refine=0 if quick else 2,
         label=label,
+        warmup=lambda: offer(target, start / 4, 3 if quick else 5),
     )
