@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.protocol.metadata import MetadataRequest
 
-from delayapp.dev.chaos.procs import create_topics  # noqa: F401  (shared with tests and chaos)
+from delayapp.dev.chaos.procs import client_kwargs
+from delayapp.dev.chaos.procs import create_topics as _create_topics
 from delayapp.dev.chaos.procs import unique as _unique
 
 VALUE_1KB = b"v" * 1000
@@ -50,6 +53,68 @@ async def sweep_topics(bootstrap: str) -> int:
     except Exception as exc:  # a broker without DeleteTopics: its data goes with it
         print(f"  (could not delete the bench's topics: {exc!r})", flush=True)
         return 0
+    finally:
+        await admin.close()
+
+
+async def create_topics(
+    bootstrap: str,
+    *names: str,
+    partitions: int = 3,
+    replication: int = 1,
+    configs: dict[str, str] | None = None,
+    security: Mapping[str, str] | None = None,
+    within_s: float = 30.0,
+) -> None:
+    """Create topics (as the tests and the chaos harness do: those that exist are left alone),
+    then wait until every broker's metadata shows each with a leader on every partition.
+
+    A real broker answers CreateTopics before its metadata knows the topic: a client that asks
+    for it at once (the bench's producer preloading it, its consumer subscribing) is told it
+    does not exist and logs so, every retry ("Topic relay-src-... not found in cluster
+    metadata", 18 times in a run on Apache Kafka 4.1)."""
+    await _create_topics(
+        bootstrap, *names, partitions=partitions, replication=replication, configs=configs, security=security
+    )
+    await wait_topics_known(bootstrap, names, security=security, within_s=within_s)
+
+
+def _all_led(topics: list[dict], names: set[str]) -> bool:
+    """Whether a metadata response's ``topics`` lists each of ``names`` without error, with a
+    leader on each of its partitions."""
+    found = {t["topic"]: t for t in topics}
+    return all(
+        name in found
+        and found[name]["error_code"] == 0
+        and found[name]["partitions"]
+        and all(p["error_code"] == 0 and p["leader"] >= 0 for p in found[name]["partitions"])
+        for name in names
+    )
+
+
+async def wait_topics_known(
+    bootstrap: str, names: Iterable[str], *, security: Mapping[str, str] | None = None, within_s: float = 30.0
+) -> None:
+    """Wait until every broker of the cluster answers a metadata request for ``names`` with each
+    of them led on every partition. Asked with the admin client's own requests, which log
+    nothing (a producer's or consumer's metadata refresh logs each unknown topic as an error).
+    Raises TimeoutError after ``within_s``."""
+    wanted = set(names)
+    if not wanted:
+        return
+    admin = AIOKafkaAdminClient(**client_kwargs(bootstrap, security))
+    await admin.start()
+    try:
+        client = admin._client  # the admin client asks one random broker; here each is asked
+        deadline = time.monotonic() + within_s
+        while True:
+            nodes = [broker.nodeId for broker in client.cluster.brokers()]
+            answers = [await client.send(node, MetadataRequest(sorted(wanted))) for node in nodes]
+            if nodes and all(_all_led(answer.to_object()["topics"], wanted) for answer in answers):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topics {sorted(wanted)} not known to every broker within {within_s:.0f} s")
+            await asyncio.sleep(0.05)
     finally:
         await admin.close()
 
