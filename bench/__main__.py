@@ -22,7 +22,20 @@ ratios to references measured in the same run:
   A real broker only: the embedded one joins groups in seconds by design.
 
 Figures of ``relay`` and ``hops`` are the median of several runs after a warm-up; the others
-are single runs (a search, for ``saturation``).
+are single runs (a search, for ``saturation``, after a warm-up step, each step that falls behind
+offered once more before it counts).
+
+``--against REV [--rounds K]`` compares this working tree with another release in the same run
+(:mod:`bench.compare`): REV is a git revision, checked out once per commit in a worktree outside
+the tree (``$XDG_CACHE_HOME/delayapp-bench/releases/<sha>``) with a venv made by its own
+``bin/setup``, reused after; or the path of a checkout with its ``.venv``. Each group of sections
+(a section with the one it is measured against) runs as separate processes of each release's own
+bench, on one broker (the given one, else one embedded broker for both), K rounds (default 3),
+the release that goes first alternating. It prints, per figure, each release's median and range,
+the median ratio this/other and its range over the rounds, and a verdict: FELL when this release
+was worse in every round and by more than the noise (the larger relative range of the two
+releases' values, at least 5 %), "better" likewise, else "same within noise"; the JSON (default
+bench/results/compare-result.json) keeps every round's values.
 """
 
 from __future__ import annotations
@@ -535,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         "--json",
         default=os.path.join("bench", "results", "bench-result.json"),
         help="where the JSON result goes (default bench/results/bench-result.json, ignored by git: "
-        "a run's figures are not kept in the repository)",
+        "a run's figures are not kept in the repository; with --against, bench/results/compare-result.json)",
     )
     parser.add_argument(
         "--saturation-rate",
@@ -549,6 +562,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the deploy section also rolls workers of another release: its virtual environment's python "
         "(a checkout of that release with its own .venv), measured the same way in the same run",
+    )
+    parser.add_argument(
+        "--against",
+        default=None,
+        metavar="REV",
+        help="compare with another release: a git revision (checked out once per commit in a worktree outside "
+        "the tree, with a venv made by its own bin/setup, then reused) or the path of a checkout with its .venv; "
+        "both run each section group as separate processes on one broker, rounds alternated, and a table of "
+        "each figure's ratio this/other with its spread and a verdict is printed (see bench/compare.py)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="with --against: rounds, each running both releases (default 3)"
     )
     args = parser.parse_args(argv)
     forbid_topic_auto_creation()  # as the app does: no client of the bench's creates a topic by asking for it
@@ -564,6 +589,31 @@ def main(argv: list[str] | None = None) -> int:
         if section in sections and needed not in sections:
             print(f"(running {needed} too: {section} is measured against it)", flush=True)
             sections.add(needed)
+    if args.against:
+        from bench import compare
+
+        extra = []  # passed on to both releases' bench only when given: an older one may not know it
+        if args.backlog_audit != "both":
+            extra += ["--backlog-audit", args.backlog_audit]
+        if args.backlog_levels:
+            extra += ["--backlog-levels", args.backlog_levels]
+        if args.saturation_rate:
+            extra += ["--saturation-rate", str(args.saturation_rate)]
+        default_json = parser.get_default("json")
+        return compare.run_against(
+            args.against,
+            sections=sections,
+            needs=NEEDS,
+            order=SECTIONS,
+            rounds=max(1, args.rounds),
+            broker=args.broker,
+            quick=args.quick,
+            json_path=os.path.join("bench", "results", "compare-result.json")
+            if args.json == default_json
+            else args.json,
+            extra=extra,
+            offline=OFFLINE_SECTIONS,
+        )
     runs = 1 if args.quick else args.runs
     offline = sections <= OFFLINE_SECTIONS  # nothing to measure on a broker: none is started
     broker = None if args.broker or offline else EmbeddedBroker().start()
