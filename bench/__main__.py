@@ -88,6 +88,9 @@ def _bounded(search: dict) -> str:
     if search["rate"] is None:
         return f"below {search['failed_at']:,.0f} rec/s (fell behind at every rate tried)"
     above = f", fell behind at {search['failed_at']:,.0f}" if search["failed_at"] else " (never fell behind: a floor)"
+    repeated = search.get("passed_on_repeat") or []
+    if repeated:  # a step that fell behind once, then kept up: the search went on from it
+        above += f"; kept up at {', '.join(f'{rate:,.0f}' for rate in repeated)} only when offered again"
     return f"{search['rate']:,.0f} rec/s{above}"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from bench.__main__ import _bounded
 from bench.load import Outcome, next_step, saturation
 
 
@@ -119,3 +120,19 @@ def test_repeats_do_not_use_up_the_steps() -> None:
     assert (point.next_rate, point.repeat) == (500, True)
     point = plan(Outcome(250, True), Outcome(500, False), Outcome(500, True), start=250, max_steps=2, refine=0)
     assert (point.next_rate, point.passed, point.failed) == (None, 500, None)
+
+
+def test_the_report_says_which_steps_kept_up_only_when_offered_again() -> None:
+    step, _ = scheduler(3_000)
+    flaky = {1_000}
+
+    async def cold_first(rate: float) -> dict:  # the cold broker: 1,000 falls behind once
+        result = await step(rate)
+        if rate in flaky:
+            flaky.discard(rate)
+            result["kept_up"] = False
+        return result
+
+    found = asyncio.run(saturation(cold_first, 1_000, max_steps=3, refine=0))
+    assert (found["rate"], found["failed_at"], found["passed_on_repeat"]) == (2_000, 4_000, [1_000])
+    assert _bounded(found) == "2,000 rec/s, fell behind at 4,000; kept up at 1,000 only when offered again"
