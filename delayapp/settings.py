@@ -37,6 +37,7 @@ DURATION_FIELDS = (
     "stats_window",
     "record_state_ttl",
     "state_cleanup_delay",
+    "state_memory_report",
     "emit_timeout",
     "commit_interval",
     "ready_threshold",
@@ -451,6 +452,13 @@ class Settings(BaseSettings):
         ge=1024 * 1024,
         description="bytes of the on-disk read model's block cache and of each of its two write buffers "
         "(what it may hold in memory beyond the index and filters of its files, ~4 B per state held)",
+    )
+    state_memory_report: int = Field(
+        600_000,
+        ge=0,
+        description="how often the worker logs what its memory is made of (one 'memory:' line of JSON, bytes: "
+        "resident memory by kind of mapping, glibc's heap in use and free, the read model's memtables, block "
+        "cache and index and filters; duration; 0: never)",
     )
     state_cleanup_delay: int = Field(
         600_000,

@@ -170,6 +170,7 @@ class RecordStates(PartitionedStates):
             peer_secret=peer_secret,
             librdkafka_connection=settings.librdkafka_connection(),
             cleanup_delay_s=settings.state_cleanup_delay / 1000,
+            memory_report_s=settings.state_memory_report / 1000,
             session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=settings.heartbeat_interval_ms,
             **kwargs,

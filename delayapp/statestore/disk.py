@@ -202,6 +202,22 @@ class DiskStateStore:
             for held in self._get_many([_state_key(partition, key) for partition, key in keys])
         ]
 
+    def memory(self) -> dict[str, int]:
+        """RocksDB's own account of the store's memory, in bytes: ``memtables`` (the write buffers
+        in use, at most two of ``cache_bytes``), ``block_cache`` (at most ``cache_bytes``),
+        ``table_readers`` (the open files' index and bloom filter blocks: the part that grows
+        with the states held) and ``states`` (an estimate of the keys held)."""
+        figures = {}
+        for name, prop in (
+            ("memtables", "rocksdb.cur-size-all-mem-tables"),
+            ("block_cache", "rocksdb.block-cache-usage"),
+            ("table_readers", "rocksdb.estimate-table-readers-mem"),
+            ("states", "rocksdb.estimate-num-keys"),
+        ):
+            value = self._db.property_int_value(prop)
+            figures[name] = int(value) if value is not None else 0
+        return figures
+
     def offset(self, partition: int) -> int | None:
         """The next offset of ``partition`` to fold, or None if nothing of it was ever folded here."""
         raw = self._get(_offset_key(partition))

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from confluent_kafka import KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as RdTopicPartition
@@ -50,6 +51,7 @@ from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.stats import MALFORMED_RECORDS
 from delayapp.statestore.disk import DiskStateStore, due_bucket
 from delayapp.statestore.lineage import LogIdentity, identity_change, offset_problem, partitions_to_clean
+from delayapp.statestore.memory import malloc_totals, python_blocks, resident_split
 from delayapp.statestore.peering import Table
 from delayapp.statestore.routing import OwnerAssignor, Owners, partition_of
 
@@ -131,6 +133,7 @@ class PartitionedStates(Service):
         peer_secret: str | None = None,
         librdkafka_connection: dict[str, Any] | None = None,
         cleanup_delay_s: float = 600.0,
+        memory_report_s: float = 600.0,
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 3_000,
         **kwargs: Any,
@@ -141,6 +144,7 @@ class PartitionedStates(Service):
         # the admin client that asks about the log at each assignment (None: no checks, tests of the answers alone)
         self.librdkafka_connection = librdkafka_connection
         self.cleanup_delay_s = cleanup_delay_s
+        self.memory_report_s = memory_report_s  # how often the worker logs memory(); 0: never
         self._away_since: dict[int, float] = {}  # stored partitions not owned → since when (monotonic)
         self.group_id = group_id
         self.advertised_url = advertised_url
@@ -202,6 +206,17 @@ class PartitionedStates(Service):
                 else:
                     counts.pop(bucket, None)
         return counts
+
+    def memory(self) -> dict[str, Any]:
+        """What this worker's memory is made of, in bytes (:mod:`delayapp.statestore.memory`): its
+        resident memory by kind of mapping, glibc's heap in use and free, Python's allocated
+        blocks, and the read model's RocksDB figures."""
+        return {
+            "resident": resident_split(),
+            "malloc": malloc_totals(),
+            "python_blocks": python_blocks(),
+            "read_model": self.store.memory(),
+        }
 
     def peers(self) -> set[str]:
         """The other workers' addresses in the latest assignment."""
@@ -409,6 +424,17 @@ class PartitionedStates(Service):
                 self.store.malformed,
                 self.topic,
             )
+
+    @Service.task
+    async def _report_memory(self) -> None:
+        """Log :meth:`memory` every :attr:`memory_report_s` (one JSON object, bytes): which part
+        of the worker's memory is bounded and which grows with the states held."""
+        if self.memory_report_s <= 0:
+            return
+        while not self.should_stop:
+            await self.sleep(self.memory_report_s)
+            if not self.should_stop:
+                log.info("memory: %s", orjson.dumps(self.memory()).decode())
 
     @Service.timer(10.0)
     async def _expire(self) -> None:

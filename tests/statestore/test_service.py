@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
+
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_seq
 from delayapp.core.cancel import CancelRequest, CancelTable
 from delayapp.statestore.disk import DiskStateStore, due_bucket
@@ -69,3 +71,15 @@ def test_a_caught_up_reader_folds_at_most_every_interval_and_a_lagging_one_back_
     assert fold_pause_s(caught_up=False, newest_ms=NOW, now_ms=NOW) == 0  # still reading what it was assigned
     assert fold_pause_s(caught_up=True, newest_ms=None, now_ms=NOW) == 0  # nothing fetched: the fetch waits itself
     assert fold_pause_s(caught_up=True, newest_ms=NOW + 2_000, now_ms=NOW) == FOLD_EVERY_S  # a writer's clock ahead
+
+
+def test_the_memory_split_names_each_part_and_the_report_can_be_off(tmp_path: Path) -> None:
+    store = DiskStateStore(tmp_path / "s", ttl_ms=1_000)
+    states = PartitionedStates(
+        topic="t", kafka_client_kwargs={}, group_id="g", advertised_url="http://me", store=store, memory_report_s=0
+    )
+    split = states.memory()
+    assert set(split) == {"resident", "malloc", "python_blocks", "read_model"}
+    assert split["resident"]["rss"] > 0 and "table_readers" in split["read_model"]
+    assert orjson.loads(orjson.dumps(split)) == split  # what the worker logs: one JSON object
+    store.close()
