@@ -418,16 +418,26 @@ async def run(
                     "<= 10 s (issue 22)",
                     restart["serving_after_s"] <= 10,
                 )
+            for r in rows:
+                split = r.get("memory_mb")
+                if split:
+                    report.add(f"worker memory split, {r['waiting']:,} waiting ({label})", memory_split_text(split))
             by_level = {r["waiting"]: r for r in rows}
-            upto_1m = [r for r in rows if r["waiting"] <= 1_000_000]
-            growth = upto_1m[-1]["rss_mb"] - rows[0]["rss_mb"]
-            per_record = growth * 1e6 / max(1, upto_1m[-1]["waiting"] - rows[0]["waiting"])
+            # issue 22 held 10k -> 1M to it; issue 44 any range of levels, 1M -> 5M on its run
+            growth = rows[-1]["rss_mb"] - rows[0]["rss_mb"]
+            per_record = growth * 1e6 / max(1, rows[-1]["waiting"] - rows[0]["waiting"])
             report.add(
-                f"backlog RSS growth per worker {levels[0]:,} -> {upto_1m[-1]['waiting']:,} ({label})",
+                f"backlog RSS growth per worker {levels[0]:,} -> {rows[-1]['waiting']:,} ({label})",
                 f"{growth:.0f} MB ({per_record:.0f} B per waiting record)",
-                "<= 64 B per waiting record (issue 22)",
+                "<= 64 B per waiting record (issues 22, 44)",
                 per_record <= 64,
             )
+            by_part = rows[-1].get("bytes_per_record_by_part")
+            if by_part:
+                report.add(
+                    f"backlog growth per waiting record by part, {levels[0]:,} -> {rows[-1]['waiting']:,} ({label})",
+                    ", ".join(f"{part} {value:+.0f} B" for part, value in by_part.items()),
+                )
             if 1_000_000 in by_level and 10_000_000 in by_level:
                 ratio = by_level[10_000_000]["rss_mb"] / by_level[1_000_000]["rss_mb"]
                 report.add(
@@ -522,6 +532,25 @@ async def _deploy(report: Report, bootstrap: str, *, quick: bool, other_python: 
                 else None,
             )
     report.data["deploy"] = results
+
+
+def memory_split_text(split: dict[str, float]) -> str:
+    """One level's memory split (``bench.engine._memory_split``) as a line of the report."""
+    text = (
+        f"resident {split.get('rss', 0):.0f} MB: glibc main arena {split.get('heap', 0):.0f}, "
+        f"thread arenas {split.get('thread_arenas', 0):.0f}, other anonymous {split.get('anon', 0):.0f}, "
+        f"files {split.get('files', 0):.0f}"
+    )
+    if "malloc_in_use" in split:
+        text += f"; malloc in use {split['malloc_in_use']:.0f}, free {split['malloc_free']:.0f}"
+    if "rocksdb_memtables" in split:
+        text += (
+            f"; RocksDB memtables {split['rocksdb_memtables']:.1f}, block cache {split['rocksdb_block_cache']:.1f}, "
+            f"index and filters {split['rocksdb_table_readers']:.1f} ({split.get('rocksdb_states', 0):,.0f} keys)"
+        )
+    if "python_blocks" in split:
+        text += f"; Python {split['python_blocks']:,.0f} blocks"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

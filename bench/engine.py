@@ -31,6 +31,7 @@ from delayapp.engine.handler import RecordHandler
 from delayapp.engine.loop import HopLoop
 from delayapp.engine.service import RELEASE_FREED_S, build_policy, tune_collector
 from delayapp.settings import load_settings
+from delayapp.statestore.memory import resident_split
 
 
 class ProfiledHopLoop(HopLoop):
@@ -327,6 +328,43 @@ async def _waiting_known(port: str) -> int:
     return sum(int(n) for n in body.get("due", {}).values())
 
 
+MEMORY_REPORT = "5s"  # how often the backlog section's worker logs its memory split (DELAYAPP_STATE_MEMORY_REPORT)
+
+
+def _memory_reported(log_path: str) -> dict[str, Any] | None:
+    """The latest ``memory:`` line of a worker's log (:meth:`PartitionedStates.memory
+    <delayapp.statestore.service.PartitionedStates.memory>`), or None (a release without it)."""
+    import json
+
+    latest = None
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as log:
+            for line in log:
+                at = line.find("memory: {")
+                if at >= 0:
+                    latest = line[at + len("memory: ") :]
+    except OSError:
+        return None
+    try:
+        return json.loads(latest) if latest else None
+    except ValueError:
+        return None
+
+
+def _memory_split(pid: int, log_path: str) -> dict[str, float]:
+    """The worker's resident memory by kind of mapping, read from outside (MB), with what its
+    latest memory report says of glibc's heap and the read model's RocksDB (MB) when it logs one."""
+    split = {key: value / 1e6 for key, value in resident_split(pid).items()}
+    reported = _memory_reported(log_path)
+    if reported:
+        for key, value in reported.get("malloc", {}).items():
+            split[f"malloc_{key}"] = value / 1e6
+        for key, value in reported.get("read_model", {}).items():
+            split[f"rocksdb_{key}"] = value if key == "states" else value / 1e6
+        split["python_blocks"] = reported.get("python_blocks", 0)
+    return split
+
+
 async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, external: bool = False) -> list[dict]:
     """Worker RSS with ``levels`` records waiting in the 1 h topic (cumulative loads), and the
     bytes of RSS per waiting record it grew by since the first level; the default ladder and
@@ -340,6 +378,7 @@ async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, 
     env = {
         **worker_env(bootstrap, prefix, DEFAULT_LADDER, external=external),
         "DELAYAPP_AUDIT_ENABLED": str(audit).lower(),
+        "DELAYAPP_STATE_MEMORY_REPORT": MEMORY_REPORT,
     }
     del env["DELAYAPP_DENOMINATIONS"]  # what a new user runs
     worker = WorkerProcess(env, name=prefix).start()
@@ -378,9 +417,13 @@ async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, 
             # RELEASE_FREED_S): what it holds with the backlog waiting, not the burst's leftovers,
             # which the figure right after the fold shows beside it.
             await asyncio.sleep(max(0.0, settled_at - time.monotonic()))
+            rss = await _rss_peak(worker.process.pid)
             row = {
                 "waiting": level,
-                "rss_mb": await _rss_peak(worker.process.pid),
+                "rss_mb": rss,
+                # read right after the RSS: glibc's and RocksDB's figures from the worker's own report
+                # (every MEMORY_REPORT), the mappings from outside
+                "memory_mb": _memory_split(worker.process.pid, worker.log_path),
                 "rss_after_fold_mb": after_fold,
                 "idle_rss_mb": idle,
                 "routed_in_s": routed_s,
@@ -393,6 +436,11 @@ async def backlog_rss(bootstrap: str, levels: list[int], *, audit: bool = True, 
                     ("rss_after_fold_mb", "bytes_per_record_after_fold"),
                 ):
                     row[key] = (row[figure] - out[0][figure]) * 1e6 / (level - out[0]["waiting"])
+                row["bytes_per_record_by_part"] = {
+                    part: (mb - out[0]["memory_mb"].get(part, 0.0)) * 1e6 / (level - out[0]["waiting"])
+                    for part, mb in row["memory_mb"].items()
+                    if part != "python_blocks" and part != "rocksdb_states"
+                }
             out.append(row)
         if audit:
             out[-1]["restart"] = await _restart_and_lookups(bootstrap, prefix, worker)
