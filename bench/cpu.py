@@ -1,4 +1,6 @@
-"""The Python cost of one step, without a broker: ``python -m bench.cpu [intermediate|delivery|ingress|fold]``.
+"""The Python cost of one step, without a broker: ``python -m bench.cpu STEP [COUNT]``.
+
+STEP: intermediate, delivery, ingress, ingress-full or fold.
 
 Drives a hop loop's own parts (its tasks: intake, the partition state machine and the
 decision; its writer) over records built in memory as librdkafka would hand them over, the router's
@@ -6,10 +8,15 @@ headers on them, with a producer whose broker does not answer (each write is que
 librdkafka and never sent). What it prints, CPU µs per record of the thread, is what the loop's
 thread spends per record apart from fetching and acknowledging; it does not depend on a broker
 sharing the cores, so it is the figure to compare before and after a change of the record path
-on a noisy machine. For a figure that does not move run to run, count instructions:
-``valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.out python -m bench.cpu delivery 20000``
-and read the total with ``callgrind_annotate /tmp/cg.out | head``, less that of the same run
-with ``--setup-only`` (building the records).
+on a noisy machine. For a figure that does not move run to run, count instructions of the
+main thread (where the steps run; librdkafka's own threads keep retrying the absent broker
+and scanning their queue for as long as the run lasts, which under valgrind is long):
+``valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file=/tmp/cg.out python -m
+bench.cpu delivery 20000`` and read ``callgrind_annotate /tmp/cg.out-01 | grep TOTALS``, less
+that of the same run with ``--setup-only`` (building the records), per record. The steps decide
+by a clock fixed when the records are built: however slowly they run, each record takes the
+step its figure names (with the wall clock, the router's records due in 2 s were overdue by
+the time callgrind reached them and took the full path's delivery instead).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message, Producer
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message, Producer
 
 from bench.common import VALUE_1KB
 from bench.engine import routed_headers
@@ -43,7 +50,10 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
     of ``step`` ("intermediate": a hop from the 1h topic to the 1m topic, no audit event;
     "delivery": a due record of the 1s topic delivered, its step published to the audit
     stream and record-states; "ingress": a record entering through the router, due in 2 s, its
-    first hop and its entering step published). ``setup_only`` builds the records and stops (under callgrind,
+    first hop and its entering step published, by the lean admission (the ingress stamps
+    LogAppendTime, as delayapp creates it); "ingress-full": the same records stamped with the
+    producer's CreateTime, which the lean admission leaves to the full path). ``setup_only``
+    builds the records and stops (under callgrind,
     what a run costs beyond that is the steps')."""
     prefix = "cpu"
     settings = load_settings(
@@ -52,7 +62,8 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
     layout = settings.topic_layout()
     handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
     now = now_ms()
-    ingress = step == "ingress"
+    ingress = step in ("ingress", "ingress-full")
+    stamp = TIMESTAMP_CREATE_TIME if step == "ingress-full" else TIMESTAMP_LOG_APPEND_TIME
     if step == "intermediate":
         denomination, due = 3_600_000, now + 1_800_000
     elif step == "delivery":
@@ -75,14 +86,17 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
                 if ingress
                 else [(name, raw if isinstance(raw, bytes) else str(raw).encode()) for name, raw in routed(i)]
             ),
-            timestamp=(TIMESTAMP_LOG_APPEND_TIME, now - 1000),
+            timestamp=(stamp, now - 1000),
         )
         for i in range(count)
     ]
     producer = Producer(
         {"bootstrap.servers": "127.0.0.1:9", "queue.buffering.max.messages": 10_000_000, "log_level": 0}
     )
-    stats, clock = LoopStats(), GuardedClock()
+    # a fixed clock: the steps decide the same however slowly they run (under callgrind, a record
+    # due in 2 s by the wall clock would be overdue by the time it is decided, and take another path)
+    frozen = time.monotonic() * 1000
+    stats, clock = LoopStats(), GuardedClock(wall=lambda: now, monotonic=lambda: frozen)
     tasks = (IngressTasks if ingress else DelayTasks)(
         label="cpu",
         handler=handler,
@@ -116,7 +130,7 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
         writer.emit(batch, careful=False)
         writer.publish_unpublished()
     spent = time.thread_time() - started
-    moved = stats.hops + stats.delivered
+    moved = stats.delivered if step == "delivery" else stats.hops
     if moved != count:
         raise RuntimeError(f"{moved} of {count} records took the {step} step")
     return spent / count * 1e6

@@ -29,7 +29,7 @@ from typing import cast
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, KafkaException, Message
 
-from delayapp.core.clock import GuardedClock, monotonic_ms
+from delayapp.core.clock import GuardedClock
 from delayapp.core.headers import AWAKE_AT, REACTIVATE_TO_TOPIC, Headers, plain
 from delayapp.core.hop import LeanHeaders, record_size, scan
 from delayapp.core.partition import (
@@ -159,7 +159,7 @@ class Tasks:
             # which was before now: a lower bound of its clock, learnt once a batch.
             kind, stamp = last.timestamp()
             if kind == TIMESTAMP_LOG_APPEND_TIME:
-                self.clock.observe(stamp, monotonic_ms())
+                self.clock.observe(stamp)  # read now by the clock's own monotonic time
         targets = self._targets(by_partition, fetched_at) if self.wants_targets and by_partition else set()
         with self.lock:
             for key, entries in by_partition.items():
