@@ -453,6 +453,13 @@ class Settings(BaseSettings):
         description="bytes of the on-disk read model's block cache and of each of its two write buffers "
         "(what it may hold in memory beyond the index and filters of its files, ~4 B per state held)",
     )
+    malloc_arena_max: int = Field(
+        2,
+        ge=0,
+        description="most malloc arenas glibc creates in a worker (mallopt M_ARENA_MAX, set at start): each of "
+        "its ~100 threads may otherwise get one, up to 8 per core, each holding memory freed in it; "
+        "0: glibc's own limit; MALLOC_ARENA_MAX in the environment wins",
+    )
     state_memory_report: int = Field(
         600_000,
         ge=0,

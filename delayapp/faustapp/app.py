@@ -30,6 +30,7 @@ from delayapp.faustapp.access import ReadGuard, accepted_hosts, edge_middleware,
 from delayapp.faustapp.console_feed import DeadLetterTail
 from delayapp.settings import OnMalformed, Settings, load_settings
 from delayapp.statestore.disk import DiskStateStore
+from delayapp.statestore.memory import limit_malloc_arenas
 from delayapp.statestore.peering import PeerUrls
 from delayapp.statestore.remote import Router
 from delayapp.statestore.service import PartitionedStates
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 forbid_topic_auto_creation()
 
 settings: Settings = load_settings()
+limit_malloc_arenas(settings.malloc_arena_max)  # before the clients' and the store's threads start
 layout = settings.topic_layout()
 # every reader of this worker skips (and counts) a record it cannot use, or stops at it
 MALFORMED_RECORDS.stop = settings.on_malformed_record is OnMalformed.STOP

@@ -62,3 +62,45 @@ def test_the_read_model_reports_its_memtables_cache_and_index_and_filters(tmp_pa
     finally:
         store.close()
     assert os.path.isdir(tmp_path / "s")
+
+
+ARENAS_OF_THREADS = """
+import sys, threading
+from delayapp.statestore.memory import limit_malloc_arenas, ARENA_ALIGN
+applied = limit_malloc_arenas(int(sys.argv[1]))
+go = threading.Event()
+def work():
+    held = [bytearray(200_000 + i) for i in range(20)]  # malloc'd in this thread's arena
+    go.wait()
+threads = [threading.Thread(target=work) for _ in range(12)]
+for t in threads: t.start()
+arenas = 0
+with open("/proc/self/maps") as maps:
+    for line in maps:
+        fields = line.split()
+        if len(fields) == 5 and int(fields[0].split("-")[0], 16) % ARENA_ALIGN == 0:
+            arenas += 1
+go.set()
+for t in threads: t.join()
+print(applied, arenas)
+"""
+
+
+def _arenas_with(limit: int, env: dict[str, str] | None = None) -> tuple[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", ARENAS_OF_THREADS, str(limit)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | (env or {}),
+    ).stdout.split()
+    return out[0], int(out[1])
+
+
+def test_the_arena_limit_keeps_threads_to_that_many_arenas_unless_the_environment_sets_one() -> None:
+    if not malloc_totals():  # another C library
+        return
+    assert _arenas_with(2) == ("2", 1)  # the main arena and one more
+    applied, arenas = _arenas_with(0)
+    assert applied == "None" and arenas > 1  # glibc's own: up to 8 per core
+    assert _arenas_with(2, {"MALLOC_ARENA_MAX": "3"})[0] == "None"  # the operator's setting wins
