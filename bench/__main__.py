@@ -548,6 +548,11 @@ def memory_split_text(split: dict[str, float]) -> str:
             f"; RocksDB memtables {split['rocksdb_memtables']:.1f}, block cache {split['rocksdb_block_cache']:.1f}, "
             f"index and filters {split['rocksdb_table_readers']:.1f} ({split.get('rocksdb_states', 0):,.0f} keys)"
         )
+    if "malloc_other" in split:
+        text += (
+            f"; malloc in use besides RocksDB {split['malloc_other']:.0f}, "
+            f"arenas resident beyond use {split['malloc_unused_resident']:.0f}"
+        )
     if "python_blocks" in split:
         text += f"; Python {split['python_blocks']:,.0f} blocks"
     return text

@@ -362,6 +362,14 @@ def _memory_split(pid: int, log_path: str) -> dict[str, float]:
         for key, value in reported.get("read_model", {}).items():
             split[f"rocksdb_{key}"] = value if key == "states" else value / 1e6
         split["python_blocks"] = reported.get("python_blocks", 0)
+        if "malloc_in_use" in split and "rocksdb_memtables" in split:
+            # what else malloc holds in use (Python's bigger objects, librdkafka's buffers, the
+            # loops), and what glibc's arenas keep resident beyond what is in use (freed pieces of
+            # pages malloc_trim cannot hand back)
+            rocksdb = sum(split[f"rocksdb_{key}"] for key in ("memtables", "block_cache", "table_readers"))
+            split["malloc_other"] = split["malloc_in_use"] - rocksdb
+            arenas_in_use = split["malloc_in_use"] - split.get("malloc_mapped", 0.0)
+            split["malloc_unused_resident"] = split.get("heap", 0.0) + split.get("thread_arenas", 0.0) - arenas_in_use
     return split
 
 

@@ -39,5 +39,5 @@ def test_a_level_s_split_joins_the_mappings_read_from_outside_and_the_worker_s_r
     assert split["malloc_free"] == 2.0 and split["python_blocks"] == 123_456
     text = memory_split_text(split)
     assert "RocksDB memtables 16.0, block cache 8.0, index and filters 20.0 (5,000,000 keys)" in text
-    assert "malloc in use 50, free 2" in text
+    assert "malloc in use 50, free 2" in text and "malloc in use besides RocksDB 6," in text
     assert "RocksDB" not in memory_split_text({"rss": 100.0, "heap": 50.0})  # another release: mappings only
