@@ -27,8 +27,9 @@ held one is ignored; the tests hold it to :class:`delayapp.dev.state_fold.Record
 Memory is the block cache and two write buffers (``cache_bytes`` each), the due counts of
 the owned partitions (one entry per non-empty :data:`DUE_BUCKET_MS` bucket), the latest
 :data:`~delayapp.core.readmodel.RECENT_FINALS` final steps as small tuples, and the table readers'
-index and bloom filter blocks: about 4 B per state held (3.6 MB at 1M states), the one part that
-grows with the number of records, kept out of the block cache because looking a filter up
+index and bloom filter blocks: 4 B per state held (4.0 MB at 1M states, 20 MB at 5M: ``bench
+--sections backlog`` prints them with :meth:`DiskStateStore.memory`), the one part that grows with
+the number of records, kept out of the block cache because looking a filter up
 there cost a record's first step more than all the rest of its fold.
 """
 
