@@ -53,8 +53,7 @@ def step_cost(step: str, count: int, *, setup_only: bool = False) -> float:
     first hop and its entering step published, by the lean admission (the ingress stamps
     LogAppendTime, as delayapp creates it); "ingress-full": the same records stamped with the
     producer's CreateTime, which the lean admission leaves to the full path). ``setup_only``
-    builds the records and stops (under callgrind,
-    what a run costs beyond that is the steps')."""
+    builds the records and stops (under callgrind, what a run costs beyond that is the steps')."""
     prefix = "cpu"
     settings = load_settings(
         broker="127.0.0.1:9", topic_prefix=prefix, app_id=prefix, denominations="1s,1m,1h", allowed_targets="cpu-sink"
