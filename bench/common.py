@@ -60,22 +60,19 @@ async def sweep_topics(bootstrap: str) -> int:
 async def create_topics(
     bootstrap: str,
     *names: str,
-    partitions: int = 3,
-    replication: int = 1,
-    configs: dict[str, str] | None = None,
     security: Mapping[str, str] | None = None,
     within_s: float = 30.0,
+    **options: Any,
 ) -> None:
-    """Create topics (as the tests and the chaos harness do: those that exist are left alone),
-    then wait until every broker's metadata shows each with a leader on every partition.
+    """Create topics (as the tests and the chaos harness do, with their ``options``: partitions,
+    replication, configs; those that exist are left alone), then wait until every broker's
+    metadata shows each with a leader on every partition.
 
     A real broker answers CreateTopics before its metadata knows the topic: a client that asks
     for it at once (the bench's producer preloading it, its consumer subscribing) is told it
     does not exist and logs so, every retry ("Topic relay-src-... not found in cluster
     metadata", 18 times in a run on Apache Kafka 4.1)."""
-    await _create_topics(
-        bootstrap, *names, partitions=partitions, replication=replication, configs=configs, security=security
-    )
+    await _create_topics(bootstrap, *names, security=security, **options)
     await wait_topics_known(bootstrap, names, security=security, within_s=within_s)
 
 
