@@ -225,8 +225,17 @@ class WorkerProcess:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
+                cwd=self.cwd,
             )
         return self
+
+    @property
+    def cwd(self) -> str | None:
+        """Where the process runs (None: here). Another release's interpreter runs outside this
+        checkout: ``python -m`` puts the working directory first on ``sys.path``, and from here it
+        would import this tree's delayapp instead of the release's own (before this was so, every
+        comparison with ``--deploy-python`` ran this tree's workers twice)."""
+        return None if self.python == sys.executable else tempfile.gettempdir()
 
     @property
     def web_url(self) -> str:
