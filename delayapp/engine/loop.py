@@ -17,6 +17,16 @@ others; the committer serves the writer and hands the tasks what a redo needs; t
 the writer call none of them; none calls the loop (``tests/engine/test_record_path.py`` reads
 this from the sources). This module only fetches, pauses, writes and commits.
 
+Its group membership lives apart, in :mod:`delayapp.engine.membership`, as Kafka Streams keeps
+its rebalance listener (``StreamsRebalanceListener``) apart from the ``StreamThread``'s loop: what
+an assignment, a revocation or a loss does (in the order their numbered comments give), the
+commits the broker holds and what a loss makes the next owner write again, and whether the
+group has settled. This loop keeps the clients' lifecycle (open, replace a producer, close) and
+the run; it subscribes its consumer with the membership's callbacks and builds the membership
+with what it needs (its tasks, stats, settings, the broker's capabilities, and callables for
+the current committer, for acting on an ``Outcome`` and for reopening), so the membership, too,
+never calls the loop.
+
 When a partition's head is not due, only that partition waits: it is paused (unless records
 behind the head may be released ahead), the loop keeps serving the others, and resumes it when
 the head is due, so a wait longer than the session timeout never causes a rebalance and memory
@@ -24,9 +34,10 @@ stays bounded (in records and in bytes) however many records wait in Kafka.
 
 No idle round trips: a batch's writes are handed to librdkafka and the loop goes on deciding
 the next batch while they are in flight; batches are committed in order as their writes are
-acknowledged (at_least_once), or one transaction spans the batches of up to ``commit_interval``
-and is committed as soon as the loop is idle (exactly_once, with the consumer's group metadata:
-KIP-447, so a member the group has replaced can never commit).
+acknowledged, at most every ``offset_commit_interval`` (at_least_once), or one transaction spans
+the batches of up to ``commit_interval`` and is committed once the loop is idle, at most every
+``commit_interval`` (exactly_once, with the consumer's group metadata: KIP-447, so a member the
+group has replaced can never commit).
 
 Never early by the cluster's clock: due times are compared with
 :class:`delayapp.core.clock.GuardedClock` (a lower bound of the broker's clock, whatever this
@@ -45,7 +56,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any, ClassVar
 
@@ -62,7 +73,6 @@ from mode import Service
 
 from delayapp.core.clock import GuardedClock
 from delayapp.core.partition import PartitionKey
-from delayapp.core.uncommitted import CommitPoint
 from delayapp.engine.capabilities import BrokerCapabilities
 from delayapp.engine.committer import (
     QUIET,
@@ -77,6 +87,7 @@ from delayapp.engine.groups import consumer_group_config, rebalances_incremental
 from delayapp.engine.handler import Handler
 from delayapp.engine.health import LoopHealth
 from delayapp.engine.liveness import LivenessCheck, LoopStalled
+from delayapp.engine.membership import Membership
 from delayapp.engine.stats import LoopStats
 from delayapp.engine.tasks import DelayTasks, FetchedRecord, IngressTasks, Tasks
 from delayapp.engine.writer import CountedEvent, Writer, refused_for_good
@@ -184,20 +195,22 @@ class HopLoop(Service):
             threshold_ms=settings.liveness_threshold,
         )
         self._pending_seeks: dict[PartitionKey, int | None] = {}
-        # the commit the broker holds for each partition (read at assignment, then each commit it
-        # confirmed): where a next owner starts, so what was written beyond it is written again
-        self._broker_commits: dict[PartitionKey, CommitPoint] = {}
         self._broken: BaseException | None = None  # an error inside a librdkafka callback: the loop reopens
         self._session: object | None = None  # the clients opened last (see _open)
         self._producer_session: object | None = None  # the producer opened last (see _replace_producer)
         self._replaced_in_a_row = 0  # producers replaced since the last commit confirmed
-        self._joined = False  # True from an assignment to the next revocation: the group is not rebalancing
-        self._joined_at = 0.0  # monotonic s of the last assignment
-        # monotonic s of the latest change of this loop's assignment (None: none since its clients
-        # opened): the group has settled once it is older than settle_s (the readiness probe)
-        self._assignment_changed_s: float | None = None
-        self.settle_s = max(1.0, 2 * settings.heartbeat_interval_ms / 1000)
-        self._incremental = False  # the group rebalances incrementally (set with the clients: engine.groups)
+        # its part in the group: the rebalance callbacks, the broker's commits (engine.membership)
+        self._membership = Membership(
+            label=name,
+            topic=topic,
+            tasks=self.tasks,
+            stats=self.stats,
+            settings=settings,
+            broker=self.broker,
+            committer=lambda: self._committer,
+            act=self._act,
+            fail=self._fail,
+        )
         self._stopping = threading.Event()
         # monotonic s of the loop thread's latest pass (or attempt to open its clients): a loop
         # whose thread stops passing is wedged (the liveness probe), one that passes is alive
@@ -233,11 +246,14 @@ class HopLoop(Service):
         )
 
     def joining(self, now_s: float) -> bool:
-        """Whether this loop's group has not settled: no assignment since its clients opened, or
-        one that changed within ``settle_s`` (two heartbeats: under incremental rebalancing the
-        partitions a new member takes often come in a second round, within about a heartbeat)."""
-        changed = self._assignment_changed_s
-        return changed is None or now_s - changed < self.settle_s
+        """Whether this loop's group has not settled (read from any thread; see
+        :meth:`Membership.joining`)."""
+        return self._membership.joining(now_s)
+
+    def written_uncommitted_now(self) -> int:
+        """Records this loop wrote that the broker's commits do not cover yet (read from any
+        thread; see :meth:`Membership.written_uncommitted_now`)."""
+        return self._membership.written_uncommitted_now()
 
     def assignment(self) -> set[PartitionKey]:
         """The partitions this loop serves now, as (topic, partition)."""
@@ -255,7 +271,7 @@ class HopLoop(Service):
         self._stopping.set()
         thread = self._thread
         if thread is not None:
-            # settling in the group (see _finish_joining), then the batch
+            # settling in the group (see Membership.finish_joining), then the batch
             limit_s = self.settings.session_timeout_ms / 1000 + 15
             await asyncio.get_running_loop().run_in_executor(None, thread.join, limit_s)
             if thread.is_alive():
@@ -310,12 +326,12 @@ class HopLoop(Service):
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             # never reset silently: no commit → each assignment starts at the beginning (see
-            # _on_assign); a commit the log no longer holds → an alarm (see _reset)
+            # Membership.on_assign); a commit the log no longer holds → an alarm (see _reset)
             "auto.offset.reset": "error",
             # the group protocol and assignor chosen at start, and the timeouts that go with
             # them (engine.groups: what a member change costs the records due meanwhile)
             **consumer_group_config(s, self.broker.membership, loop_name=self.name),
-            "fetch.wait.max.ms": s.fetch_max_wait_ms,
+            "fetch.wait.max.ms": self.broker.fetch_wait_ms,
             "queued.max.messages.kbytes": max(1024, s.max_queued_bytes // 1024 // 4),
             # librdkafka postpones the next fetch of a partition whose read-ahead is full by
             # 1 s by default: a loop that empties it in less waits idle (measured: 40 % of a
@@ -326,13 +342,12 @@ class HopLoop(Service):
             **self.committer_kind.client_config(s, name=self.name, broker=self.broker)[1],
             **s.librdkafka_overrides(),
         }
-        self._incremental = rebalances_incrementally(consumer_config)
         self._consumer = Consumer(consumer_config)
         self._wire(self._producer, self._consumer)
-        self._joined = False
-        self._assignment_changed_s = None
+        membership = self._membership
+        membership.opened(incremental=rebalances_incrementally(consumer_config))
         self._consumer.subscribe(
-            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+            self.topics, on_assign=membership.on_assign, on_revoke=membership.on_revoke, on_lost=membership.on_lost
         )
 
     def _common_config(self, session: object) -> dict[str, Any]:
@@ -418,7 +433,7 @@ class HopLoop(Service):
         self._wire(self._producer, consumer)
         keys = sorted(set(given_up.partitions) & self.tasks.served())
         self.tasks.forget(keys)
-        for tp in self._adopt_commits(consumer, [TopicPartition(*key) for key in keys]):
+        for tp in self._membership.adopt_commits(consumer, [TopicPartition(*key) for key in keys]):
             self._seek((tp.topic, tp.partition), tp.offset if tp.offset >= 0 else None)
         log.info("%s: its new producer is ready; %d partitions read again from their commits", self.label, len(keys))
 
@@ -464,8 +479,8 @@ class HopLoop(Service):
         try:
             if consumer is not None:
                 if self.broker.settle_before_leaving:  # the embedded broker only (see capabilities)
-                    self._finish_joining(consumer)
-                # closing revokes the assignment: after a clean run _on_revoke commits what was written
+                    self._membership.finish_joining(consumer)
+                # closing revokes the assignment: after a clean run Membership.on_revoke commits what was written
                 consumer.close()
         except Exception:  # closing a broken client must not mask the original error
             log.warning("%s: error while closing the consumer", self.label, exc_info=True)
@@ -479,23 +494,9 @@ class HopLoop(Service):
             producer.flush(1 if clean else 0)
         del consumer, producer, committer  # librdkafka handles are destroyed with their last reference
 
-    def _finish_joining(self, consumer: Consumer) -> None:
-        """Before leaving the group, be a settled member: joined, and still joined after a
-        heartbeat and a half (at most a session timeout in all).
-
-        A workaround (:attr:`BrokerCapabilities.settle_before_leaving`): the embedded broker
-        (Tansu 0.6) keeps the leader id of a member that leaves while the group rebalances, and
-        waits for ever for that leader's assignment: every other member then stays without
-        partitions (broker-notes; found by the chaos test). A member learns of a rebalance from
-        its next heartbeat, so it leaves only after one has passed without news. What is fetched
-        meanwhile is dropped uncommitted (the next owner reads it again)."""
-        started = time.monotonic()
-        deadline = started + self.settings.session_timeout_ms / 1000
-        settled_after_s = 1.5 * self.settings.heartbeat_interval_ms / 1000
-        while time.monotonic() < deadline:
-            if self._joined and time.monotonic() - max(started, self._joined_at) >= settled_after_s:
-                return
-            consumer.consume(self.settings.max_batch, 0.1)
+    def _fail(self, exc: BaseException) -> None:
+        """An error inside a librdkafka callback: the loop reopens on its next pass."""
+        self._broken = exc
 
     def _client_error(self, session: object, error: KafkaError) -> None:
         if session is not self._session and session is not self._producer_session:
@@ -504,102 +505,6 @@ class HopLoop(Service):
         if error.fatal():
             self._broken = KafkaException(error)
         log.log(logging.ERROR if error.fatal() else logging.WARNING, "%s: client: %s", self.label, error)
-
-    # -- rebalancing (librdkafka calls these inside consume(), on this loop's thread) --------------
-
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # 4. New partitions are served from their commit: its offset, and the offsets its
-        #    metadata says were released ahead (skipped when fetched again). A partition the
-        #    group never committed starts at the beginning of its log.
-        # 5. Any head that is not due pauses its partition again when fetched, so a
-        #    rebalance never releases a record early.
-        try:
-            starts = self._adopt_commits(consumer, partitions)
-        except Exception as exc:
-            self._broken = exc  # without the commits nothing can be served safely: reopen
-            return
-        # 6. Incremental protocols hand over only what is added: every other partition is
-        #    served on as it was (its queue, its position, its pause).
-        if self._incremental:
-            consumer.incremental_assign(starts)
-        else:
-            consumer.assign(starts)
-        self._joined, self._joined_at = True, time.monotonic()
-        self._assignment_changed_s = self._joined_at
-        self.stats.rebalances += 1
-        log.info(
-            "%s: assigned %d partitions of %s, from %s",
-            self.label,
-            len(partitions),
-            self.topic,
-            _positions((tp.topic, tp.partition, tp.offset if tp.offset >= 0 else None) for tp in starts),
-        )
-
-    def _adopt_commits(self, consumer: Consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        """Serve ``partitions`` from the broker's commits (asked now: under read_committed the
-        broker answers once no transaction holding offsets for them is pending); where to fetch
-        each from."""
-        committed = consumer.committed(partitions, timeout=self.settings.emit_timeout / 1000) if partitions else []
-        now_s = time.monotonic()
-        starts = []
-        for tp in committed:
-            offset = tp.offset if tp.offset >= 0 else None
-            self.tasks.adopt((tp.topic, tp.partition), offset, tp.metadata, now_s=now_s)
-            self._broker_commits[(tp.topic, tp.partition)] = (offset, tp.metadata or "")
-            starts.append(TopicPartition(tp.topic, tp.partition, offset if offset is not None else OFFSET_BEGINNING))
-        return starts
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # 1. Still the partitions' owner: finish what is in flight, forward first, then commit
-        #    (the next owner starts at that commit). Incremental protocols revoke only what
-        #    moves, and only after the partitions kept are known: the others are served on.
-        # 2. Drop what was fetched for the revoked partitions (librdkafka unassigns them once
-        #    this returns).
-        if not self._incremental or set(self.assignment()) <= {(tp.topic, tp.partition) for tp in partitions}:
-            self._joined = False
-        if partitions:
-            self._assignment_changed_s = time.monotonic()
-        committer = self._committer
-        if committer is not None:
-            try:
-                self._act(committer.finish())
-            except Exception as exc:
-                log.warning("%s: could not commit before the rebalance (%s); the next owner redoes it", self.label, exc)
-                committer.abandon()
-        if partitions:
-            log.info(
-                "%s: revoked %d partitions (the broker's commits %s)",
-                self.label,
-                len(partitions),
-                _positions(self._broker_commit_of(tp) for tp in partitions),
-            )
-        self._forget([(tp.topic, tp.partition) for tp in partitions], "revoked")
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # The group moved on without us (session expired): nothing may be committed any more;
-        # an open transaction is aborted, and the new owners redo what was written.
-        log.warning(
-            "%s: lost %d partitions (this member was evicted; the broker's commits %s); dropping what is in flight",
-            self.label,
-            len(partitions),
-            _positions(self._broker_commit_of(tp) for tp in partitions),
-        )
-        self._joined = False
-        if self._committer is not None:
-            self._committer.abandon()
-        self._forget([(tp.topic, tp.partition) for tp in partitions], "lost")
-
-    def _broker_commit_of(self, tp: TopicPartition) -> tuple[str, int, int | None]:
-        """``tp`` with the offset of the latest commit the broker acknowledged for it (None: none)."""
-        return tp.topic, tp.partition, self._broker_commits.get((tp.topic, tp.partition), (None, ""))[0]
-
-    def _forget(self, keys: list[PartitionKey], why: str) -> None:
-        """Stop serving ``keys`` (revoked or lost, ``why``): what was written and not committed is
-        reported, what was fetched is dropped."""
-        self._report_uncommitted(keys, why)
-        self.tasks.forget(keys)
-        for key in keys:
-            self._broker_commits.pop(key, None)
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -656,7 +561,7 @@ class HopLoop(Service):
         (before a rewind reports what is not committed); 2. fetch the partitions whose writes
         were dropped again from their commits; 3. pause before fetching again."""
         if outcome.confirmed:
-            self._confirm_commits(dict(outcome.confirmed))
+            self._membership.confirm_commits(dict(outcome.confirmed))
             self._replaced_in_a_row = 0
         if outcome.rewind:
             self._rewind(set(outcome.rewind))
@@ -679,7 +584,7 @@ class HopLoop(Service):
         # librdkafka leaves a partition whose reset failed in an error state that refuses seeks:
         # assign every served partition again, these from the start of their log, the others
         # from their commits (what was fetched since is fetched again)
-        self._report_uncommitted(self.assignment() - set(keys), "rewound", to_broker_commit=False)
+        self._membership.report_uncommitted(self.assignment() - set(keys), "rewound", to_broker_commit=False)
         positions = self.tasks.restart(keys, now_s=time.monotonic())
         self._pending_seeks.clear()
         consumer = self._consumer
@@ -688,7 +593,7 @@ class HopLoop(Service):
             TopicPartition(t, p, OFFSET_BEGINNING if position is None else position)
             for (t, p), position in positions.items()
         ]
-        if self._incremental:  # outside a rebalance only incremental changes are allowed
+        if self._membership.incremental:  # outside a rebalance only incremental changes are allowed
             consumer.incremental_unassign([TopicPartition(t, p) for t, p in positions])
             consumer.incremental_assign(starts)
         else:
@@ -721,7 +626,7 @@ class HopLoop(Service):
             self._writer.delivery_failed(error, message)
 
     def _committed(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        self._confirm_commits(
+        self._membership.confirm_commits(
             {(tp.topic, tp.partition): (tp.offset, tp.metadata or "") for tp in partitions if tp.error is None}
         )
         if error is not None:
@@ -764,54 +669,11 @@ class HopLoop(Service):
 
     def _rewind(self, partitions: set[PartitionKey]) -> None:
         """Drop what was fetched for ``partitions`` and fetch again from their last commit."""
-        self._report_uncommitted(partitions, "rewound", to_broker_commit=False)
+        self._membership.report_uncommitted(partitions, "rewound", to_broker_commit=False)
         positions = self.tasks.rewind(partitions, now_s=time.monotonic())
         self.stats.rewinds += len(positions)
         for key, position in positions.items():
             self._seek(key, position)
-
-    # -- what a loss makes the next owner write again --------------------------------------------
-
-    def _confirm_commits(self, offsets: dict[PartitionKey, tuple[int, str]]) -> None:
-        """The broker holds these commits now (a commit it acknowledged, or a committed transaction)."""
-        for key, (offset, metadata) in offsets.items():
-            held = self._broker_commits.get(key)
-            if offset >= 0 and (held is None or held[0] is None or offset >= held[0]):
-                self._broker_commits[key] = (offset, metadata)
-
-    def written_uncommitted_now(self) -> int:
-        """Records this loop wrote that the broker's commits do not cover yet: what its partitions'
-        next owners would write again if this worker died now (read from any thread)."""
-        commits = dict(self._broker_commits)  # a copy: the loop's thread updates it
-        return self.tasks.written_uncommitted(None, commits, metadata_kept=self.broker.commit_metadata_kept)
-
-    def _report_uncommitted(self, keys: Iterable[PartitionKey], why: str, *, to_broker_commit: bool = True) -> int:
-        """Count, log and add to the stats the records of ``keys`` this loop wrote and did not
-        commit, which whoever serves them next writes again (the ceiling of the duplicates this
-        event causes under at_least_once): beyond the commit the broker holds (a partition lost or
-        revoked), or beyond the loop's own last commit (a rewind, which seeks there)."""
-        keys, dropped_metadata = list(keys), 0
-        if to_broker_commit:
-            kept = self.broker.commit_metadata_kept
-            count = self.tasks.written_uncommitted(keys, self._broker_commits, metadata_kept=kept)
-            if not kept:  # told apart: only dropped metadata re-sends these
-                dropped_metadata = count - self.tasks.written_uncommitted(
-                    keys, self._broker_commits, metadata_kept=True
-                )
-        else:  # a rewind carries what the loop's own commit metadata says was released ahead
-            count = self.tasks.written_uncommitted(keys, None, metadata_kept=True)
-        if count:
-            self.stats.written_uncommitted += count
-            log.warning(
-                "%s: %d records written and not committed (%s%s); whoever serves them next may write them again",
-                self.label,
-                count,
-                why,
-                f"; {dropped_metadata} of them released ahead, whose commit metadata the broker drops"
-                if dropped_metadata
-                else "",
-            )
-        return count
 
 
 class RouterLoop(HopLoop):
@@ -856,12 +718,6 @@ def _told_on_event_loop(
         event_loop.call_soon_threadsafe(told, topic)
 
     return target_failed
-
-
-def _positions(positions: Iterable[tuple[str, int, int | None]]) -> str:
-    """``topic[partition]@offset, ...`` (``@start`` where there is no offset): where a partition
-    is served from, or what its broker holds, in a log line an operator can compare across workers."""
-    return ", ".join(f"{t}[{p}]@{'start' if o is None else o}" for t, p, o in sorted(positions)) or "nothing"
 
 
 class _AtLeastInfo(logging.LoggerAdapter[logging.Logger]):

@@ -1,7 +1,9 @@
 """The record path's layering, read from the sources: a record's way from ``consume()`` to its
 produce and commit reads in four files (loop → tasks → writer → committer), and none of them
 calls back up: the loop calls the three others; the committer calls the writer and hands what
-it learnt to the tasks; the tasks and the writer call no other part of the loop."""
+it learnt to the tasks; the tasks and the writer call no other part of the loop. The loop's
+group membership (rebalance callbacks, the broker's commits) lives apart, in membership, which
+the loop calls and which calls only the committer's types and the tasks, never the loop."""
 
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ from pathlib import Path
 import pytest
 
 ENGINE = Path(__file__).resolve().parents[2] / "delayapp" / "engine"
-RECORD_PATH = ("loop", "tasks", "writer", "committer")
+RECORD_PATH = ("loop", "membership", "tasks", "writer", "committer")
 # what each may import of delayapp.engine (besides the contracts every layer shares:
 # handler's outputs, records, stats, capabilities and the group membership they carry)
 SHARED = {"handler", "records", "stats", "capabilities", "groups", "health"}
 ALLOWED = {
-    "loop": {"tasks", "writer", "committer", "liveness"},
+    "loop": {"membership", "tasks", "writer", "committer", "liveness"},
+    "membership": {"committer", "tasks"},
     "committer": {"writer", "tasks"},
     "writer": set(),
     "tasks": set(),
@@ -56,7 +59,7 @@ def identifiers(module: str) -> set[str]:
 
 
 def test_the_processing_guarantee_lives_in_the_committer_and_the_loop_reads_it_once() -> None:
-    for module in ("tasks", "writer", "liveness"):
+    for module in ("membership", "tasks", "writer", "liveness"):
         used = {n for n in identifiers(module) if "exactly" in n.lower() or "transaction" in n.lower()}
         assert not used and "Guarantee" not in identifiers(module) and "publish_now" not in identifiers(module), module
     loop = (ENGINE / "loop.py").read_text()

@@ -62,7 +62,7 @@ from delayapp.settings import load_settings
 log = logging.getLogger("delayapp.dev.chaos")
 
 LATE_MS = 1_000
-# a loop's report of what it gave up uncommitted (delayapp.engine.loop, _report_uncommitted)
+# a loop's report of what it gave up uncommitted (delayapp.engine.membership, report_uncommitted)
 UNCOMMITTED_LINE = re.compile(
     r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\].*?\] ([\w-]+): (\d+) records written and not committed \((\w+)[;)]",
     re.MULTILINE,
