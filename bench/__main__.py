@@ -15,6 +15,12 @@ ratios to references measured in the same run:
 - ``mix``: mean hops, and the realistic mix's throughput computed from the intermediate hop;
 - ``skew``: lateness by the broker's clock of a worker whose clock runs 5 s ahead, and one 5 s
   behind, at 200 rec/s (p99 <= 100 ms, early 0; issue 23).
+- ``cost``: what delayed records cost the cluster and the worker (:mod:`bench.cost`): one worker
+  at 100 and 1,000 rec/s due 3-25 s ahead under both guarantees, the brokers' CPU per 1,000
+  delivered records net of their idle, the worker's, requests per delivered record by kind (the
+  brokers' request metrics over JMX: ``--cost-jmx``, ``--kafka-home``) and bytes written to the
+  cluster per byte delivered, net of a reference run that writes the records straight to a topic;
+  ``--deploy-python`` runs another release's worker the same way. A real broker only.
 - ``deploy``: a rolling deploy of two and of three workers (each stopped with SIGTERM and started
   again, the next once it serves) under both guarantees, 200 rec/s due 2-12 s ahead: lateness of
   the records due meanwhile (p99 <= 500 ms, max <= 2 s; issue 43), the share later than 100 ms;
@@ -75,6 +81,7 @@ SECTIONS = (
     "recovery",
     "redis",
     "deploy",
+    "cost",
 )
 OFFLINE_SECTIONS = {"mix"}  # computed from the planner alone
 # Sections whose targets are ratios to, or rates derived from, another section's figure of the
@@ -149,6 +156,7 @@ async def run(
     backlog_audit: tuple[bool, ...] = (False, True),
     saturation_given: float | None = None,
     deploy_python: str | None = None,
+    cost_plan: dict[str, Any] | None = None,
 ) -> Report:
     report = Report()
 
@@ -499,7 +507,22 @@ async def run(
     await sweep()
     if "deploy" in sections:
         await _deploy(report, bootstrap, quick=quick, other_python=deploy_python)
+    if "cost" in sections:
+        await _cost(report, bootstrap, quick=quick, other_python=deploy_python, **(cost_plan or {}))
     return report
+
+
+async def _cost(report: Report, bootstrap: str, *, quick: bool, other_python: str | None, **options: Any) -> None:
+    """The cost section (see the module; :mod:`bench.cost`)."""
+    from bench import cost
+
+    if not (await probe_groups(client_settings(bootstrap))).apache_kafka_like:
+        report.add("cost", "not run: the embedded broker is no measure of what a Kafka cluster spends")
+        return
+    plan = cost.CostPlan(bootstrap=bootstrap, other_python=other_python, **options)
+    if quick:
+        plan = cost.CostPlan(**{**plan.__dict__, "rates": plan.rates[:1], "seconds": 10.0})
+    report.data["cost"] = await cost.measure(plan, report.add)
 
 
 async def _deploy(report: Report, bootstrap: str, *, quick: bool, other_python: str | None) -> None:
@@ -558,6 +581,22 @@ def memory_split_text(split: dict[str, float]) -> str:
     return text
 
 
+def _cost_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The cost section's options given on the command line (the rest: bench.cost's defaults)."""
+    options: dict[str, Any] = {}
+    if args.cost_jmx:
+        options["jmx"] = tuple(e.strip() for e in args.cost_jmx.split(",") if e.strip())
+    if args.kafka_home:
+        options["kafka_home"] = args.kafka_home
+    if args.cost_rates:
+        options["rates"] = tuple(int(r) for r in args.cost_rates.split(",") if r.strip())
+    if args.cost_seconds:
+        options["seconds"] = args.cost_seconds
+    if args.cost_guarantees:
+        options["guarantees"] = tuple(g.strip() for g in args.cost_guarantees.split(",") if g.strip())
+    return options
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
@@ -599,6 +638,22 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the deploy section also rolls workers of another release: its virtual environment's python "
         "(a checkout of that release with its own .venv), measured the same way in the same run",
+    )
+    parser.add_argument(
+        "--cost-jmx",
+        default="",
+        help="the cost section: each broker's JMX endpoint, host:port, comma-separated (its requests by kind "
+        "are read from there with the distribution's JmxTool; needs --kafka-home)",
+    )
+    parser.add_argument(
+        "--kafka-home", default=os.environ.get("KAFKA_HOME"), help="an Apache Kafka distribution (for JmxTool)"
+    )
+    parser.add_argument(
+        "--cost-rates", default="", help="the cost section's rates, rec/s, comma-separated (default 100,1000)"
+    )
+    parser.add_argument("--cost-seconds", type=float, default=None, help="the cost section: seconds of records")
+    parser.add_argument(
+        "--cost-guarantees", default="", help="the cost section's guarantees, comma-separated (default both)"
     )
     parser.add_argument(
         "--against",
@@ -674,6 +729,7 @@ def main(argv: list[str] | None = None) -> int:
                 backlog_audit=backlog_audit,
                 saturation_given=args.saturation_rate,
                 deploy_python=args.deploy_python,
+                cost_plan=_cost_options(args),
             )
         )
     finally:

@@ -40,6 +40,7 @@ DURATION_FIELDS = (
     "state_memory_report",
     "emit_timeout",
     "commit_interval",
+    "offset_commit_interval",
     "ready_threshold",
     "session_lifetime",
     "peer_replay_window",
@@ -158,8 +159,14 @@ class Settings(BaseSettings):
         "DELAYAPP_INSTANCE_ID): a worker back within the session timeout gets its partitions without a "
         "rebalance, but they wait for it meanwhile, even after a clean stop (docs/production.md)",
     )
+    # 500 ms, librdkafka's own default, where the broker answers a waiting fetch as soon as data
+    # arrives (Apache Kafka): an idle consumer then asks each broker twice a second instead of ten
+    # times; 100 ms where it does not (the embedded broker), since there the wait is hop latency
     fetch_max_wait_ms: int = Field(
-        100, description="longest a fetch waits for data; bounds hop latency on brokers without long-poll wake-up"
+        -1,
+        ge=-1,
+        description="longest a fetch waits for data: -1 chooses 500 ms on brokers that answer a waiting fetch "
+        "as soon as data arrives (Apache Kafka) and 100 ms on the rest, where the wait is hop latency",
     )
     replication_factor: int = Field(
         -1,
@@ -312,12 +319,24 @@ class Settings(BaseSettings):
     emit_timeout: int = Field(
         60_000, description="longest a batch's writes and commit may take before the loop reopens (duration)"
     )
+    # 100 ms, Kafka Streams' under exactly_once: each transaction is about a dozen requests and a
+    # replicated marker on every partition it wrote, so a loop that committed whenever it was idle
+    # made one transaction per record at moderate rates (docs/benchmarks.md: What a delayed record costs)
     commit_interval: int = Field(
         100,
         ge=1,
-        description="exactly_once: longest a loop's transaction stays open while records keep arriving "
-        "(an idle loop commits at once); "
-        "deliveries become visible to read_committed readers at its end (duration)",
+        description="exactly_once: a loop ends its transaction at most this often while records keep arriving "
+        "(one idle that long commits at once) and at the latest this long after it began; deliveries become "
+        "visible to read_committed readers at its end, so this is also what it may add to their lateness (duration)",
+    )
+    # 1 s: a commit per second per loop instead of one per drain point (a few per record at moderate
+    # rates); a worker that dies re-sends at most what it wrote in the last second and what was in flight
+    offset_commit_interval: int = Field(
+        1_000,
+        ge=0,
+        description="at_least_once: a loop commits the offsets of what was written and acknowledged at most this "
+        "often (0: at every point where its writes are acknowledged); a worker that dies without a clean stop "
+        "has its records of about this long, and those in flight, written again by the next owner (duration)",
     )
 
     # -- Faust --------------------------------------------------------------------------------

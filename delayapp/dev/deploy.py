@@ -74,6 +74,9 @@ class DeployConfig:
     #: where to write every record's id, due time and first delivery (CSV, epoch ms), and the
     #: deploy's window: to see when the late ones fell due; None: not written
     records_path: str | None = None
+    #: bytes of each record's value (the cost section's bytes per delivered byte wants a realistic
+    #: size); 0: the two bytes ``{}``
+    value_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ class RollingDeploy:
         self.due: dict[str, int] = {}
         self.workers: list[WorkerProcess] = []
         self._sending = True
+        self.sent_to = f"{self.prefix}.ingress"  # where the records are written: delayapp's ingress
 
     def _env(self, slot: int) -> dict[str, str]:
         c = self.config
@@ -229,6 +233,7 @@ class RollingDeploy:
         # record would be delivered twice by any guarantee: two records with one id)
         producer = AIOKafkaProducer(**client_kwargs(c.broker, c.env), acks="all", linger_ms=5, enable_idempotence=True)
         await producer.start()
+        value = b"x" * c.value_bytes if c.value_bytes else b"{}"
         try:
             n, started = 0, time.monotonic()
             while self._sending:
@@ -237,8 +242,8 @@ class RollingDeploy:
                 due = now_ms() + int(self.rng.uniform(c.due_min_s, c.due_max_s) * 1000)
                 self.due[record_id] = due
                 await producer.send(
-                    f"{self.prefix}.ingress",
-                    b"{}",
+                    self.sent_to,
+                    value,
                     key=record_id.encode(),
                     headers=[
                         (h.RECORD_ID, record_id.encode()),
@@ -275,6 +280,12 @@ class RollingDeploy:
     #: the replicated cluster the run is on, if any (set by the runs that restart or hold one)
     cluster: Cluster | None = None
 
+    async def _flowing(self) -> None:
+        """Every worker serves and records are about to enter (a measuring run's window opens)."""
+
+    async def _drained(self) -> None:
+        """Every record was delivered, or given up on (a measuring run's window closes)."""
+
     def _target_replication(self) -> int:
         """Copies of each target partition: one on a single broker; on a cluster, replicated like
         a production target (a target partition on one broker waits for that broker to come back,
@@ -305,6 +316,7 @@ class RollingDeploy:
             for worker in self.workers:
                 await self._serving(worker, timeout=180)
             collector = await TopicCollector(c.broker, [self.target], c.env).start()
+            await self._flowing()
             sender = asyncio.create_task(self._send())
             await asyncio.sleep(c.warm_s)
             started = now_ms()
@@ -320,6 +332,7 @@ class RollingDeploy:
                 "every record to be delivered",
                 interval=0.5,
             )
+            await self._drained()
             await asyncio.sleep(2)  # anything written twice arrives too
             exited = sum(1 for worker in self.workers if not worker.alive)
             logs = "".join(worker.log for worker in self.workers)
@@ -482,6 +495,20 @@ class BrokerKill(RollingRestart):
             watcher.cancel()
 
 
+class WorkerKill(RollingDeploy):
+    """The first worker SIGKILLed and started again at once, records flowing: under at_least_once
+    what its partitions' next owners write twice is what it had written and not committed, which
+    ``offset_commit_interval`` bounds (docs/guarantees.md: What a crash re-sends)."""
+
+    async def _roll(self) -> None:
+        worker = self.workers[0]
+        log.info("killing %s (SIGKILL)", worker.name)
+        await asyncio.to_thread(worker.kill, signal.SIGKILL, 10)
+        worker.start()
+        await self._serving(worker)
+        log.info("%s serves again", worker.name)
+
+
 class Steady(RollingDeploy):
     """The control of a deploy or a restart: the same workers, load and count, and nothing moved
     for ``hold_s`` (the "deploy" window is that hold): the lateness the machine gives anyway."""
@@ -521,6 +548,11 @@ def main(argv: list[str] | None = None) -> int:
         help="instead, SIGKILL that broker of the cluster and start it again 10 s later",
     )
     parser.add_argument(
+        "--kill-worker",
+        action="store_true",
+        help="instead, SIGKILL the first worker and start it again (what it re-sends: the commit cadence's bound)",
+    )
+    parser.add_argument(
         "--steady",
         type=float,
         default=None,
@@ -553,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
     run: RollingDeploy = RollingDeploy(config)
     if args.steady is not None:
         run = Steady(config, args.steady, cluster)
+    elif args.kill_worker:
+        run = WorkerKill(config)
     elif cluster is not None:
         run = BrokerKill(config, cluster, args.kill_broker) if args.kill_broker else RollingRestart(config, cluster)
     result = asyncio.run(run.run())

@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from delayapp.engine.groups import GroupMembership
-from delayapp.settings import GroupProtocol
+from delayapp.settings import GroupProtocol, Settings
+
+#: how long a loop's fetch waits for data where the broker answers a waiting fetch as soon as data
+#: arrives (Apache Kafka): librdkafka's default; the wait then costs no latency, only requests
+WAKING_FETCH_WAIT_MS = 500
+#: where it does not (the embedded broker): the wait is then what a hop takes, p50 a quarter of it
+SLEEPING_FETCH_WAIT_MS = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,3 +43,15 @@ class BrokerCapabilities:
     membership: GroupMembership = field(
         default_factory=lambda: GroupMembership(GroupProtocol.CLASSIC, "the default", static=False)
     )
+    #: the loops' ``fetch.wait.max.ms`` (:func:`fetch_wait_ms`)
+    fetch_wait_ms: int = SLEEPING_FETCH_WAIT_MS
+
+
+def fetch_wait_ms(settings: Settings, *, wakes_waiting_fetches: bool) -> int:
+    """The longest a loop's fetch waits for data: ``DELAYAPP_FETCH_MAX_WAIT_MS`` where set, else
+    :data:`WAKING_FETCH_WAIT_MS` on a broker that answers a waiting fetch as soon as data arrives
+    (Apache Kafka: an idle consumer asks each broker twice a second, not ten times) and
+    :data:`SLEEPING_FETCH_WAIT_MS` on one that does not."""
+    if settings.fetch_max_wait_ms >= 0:
+        return settings.fetch_max_wait_ms
+    return WAKING_FETCH_WAIT_MS if wakes_waiting_fetches else SLEEPING_FETCH_WAIT_MS

@@ -6,17 +6,23 @@ One interface, two implementations, as Kafka Streams' ``TaskManager`` commits th
 
 - :class:`AtLeastOnceCommitter`: batches are written without waiting; at a point where every
   write in flight is acknowledged (the producer's queue is empty) the steps of those writes are
-  published, and at the next such point, once the steps are acknowledged too, the batches are
-  committed. A failed write rewinds every partition in flight to its commit.
+  kept until a commit falls due, then published together (librdkafka sends one produce request
+  per partition: steps written as they came were about two requests per record); at the next
+  such point, once the steps are acknowledged too, the batches may be committed: at most every
+  ``offset_commit_interval`` (a commit is a request the group coordinator writes to its
+  replicated log; one per drain point was 1.2 per record at 100 records/s), so a death re-sends
+  at most what was written that long before it and what was in flight. A failed write commits
+  what was acknowledged, then rewinds every partition in flight to its commit.
 - :class:`ExactlyOnceCommitter`: one transaction spans the batches of up to ``commit_interval``
   and holds their records, their steps and their consumed offsets (with the group's metadata,
-  KIP-447: a member the group has replaced can never commit); it is committed as soon as the
-  loop is idle, or aborted and its partitions rewound. The calls that end a transaction run on a
-  thread of the committer's own (:class:`TransactionEnder`), never on the loop's: while the
-  coordinator is away they may wait far longer than their timeout (librdkafka's
-  ``send_offsets_to_transaction`` waits for ever on a coordinator that went away: librdkafka
-  issue 5456; seen on Apache Kafka with the only broker restarted), and the loop keeps serving
-  its consumer meanwhile, deciding nothing. Each call is made in slices of
+  KIP-447: a member the group has replaced can never commit); it is committed once the loop is
+  idle and ``commit_interval`` has passed since the last one ended (a loop that was idle commits
+  at once, a busy one at most every interval), or aborted and its partitions rewound. The calls
+  that end a transaction run on a thread of the committer's own (:class:`TransactionEnder`),
+  never on the loop's: while the coordinator is away they may wait far longer than their timeout
+  (librdkafka's ``send_offsets_to_transaction`` waits for ever on a coordinator that went away:
+  librdkafka issue 5456; seen on Apache Kafka with the only broker restarted), and the loop
+  keeps serving its consumer meanwhile, deciding nothing. Each call is made in slices of
   :data:`TXN_CALL_SLICE_S` and made again while librdkafka says its error is retriable (its
   transactional calls resume where they were): a coordinator that moves, as every broker's
   restart in a rolling restart moves some, is found again within a slice or two. Measured on a
@@ -369,22 +375,43 @@ class AtLeastOnceCommitter(Committer):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.audited: deque[Batch] = deque()  # batches whose steps are written, committed once acknowledged
+        # batches whose records are acknowledged and whose steps wait to be written when a commit
+        # falls due: librdkafka sends a produce request per partition, so steps written as they
+        # came were about two requests per delivered record; written once an interval, a
+        # loop's steps cost a request per audit and record-states partition a second at most
+        self.unstepped: deque[Batch] = deque()
+        # commit points whose writes and steps are acknowledged, committed at most every
+        # offset_commit_interval (later points of a partition replace earlier ones)
+        self.acknowledged: Offsets = {}
+        self.committed_s = -float("inf")  # monotonic s of the latest commit sent
 
     def poll_limit_ms(self, idle_ms: int) -> int:
-        return ACK_POLL_MS if self.in_flight or self.audited else idle_ms
+        if self.in_flight or self.audited:
+            return ACK_POLL_MS
+        if self.acknowledged or self.unstepped:  # wake for the commit they wait for
+            return wake_ms(self._commit_in_s(time.monotonic()), idle_ms)
+        return idle_ms
 
     def make_room(self) -> Outcome | None:
         if not self.full:
             return None
         return self.settle(wait_s=ACK_POLL_MS / 1000)
 
+    def _write_steps(self) -> None:
+        """Write the steps the acknowledged batches wait for (together: one request per partition);
+        those batches are committed once the steps are acknowledged."""
+        self.writer.publish_unpublished()
+        self.audited.extend(self.unstepped)
+        self.unstepped.clear()
+
     def after_pass(self, *, idle: bool) -> Outcome:
         return self.settle(wait_s=0)
 
     def settle(self, *, wait_s: float) -> Outcome:
         """Serve librdkafka's reports; at a point where every write in flight is acknowledged
-        (the producer's queue is empty), publish the steps of the batches written so far and
-        commit the batches whose steps were published at the point before; a failed write
+        (the producer's queue is empty), take the batches written so far as acknowledged (their
+        steps are written when a commit is due) and those whose steps are acknowledged as
+        committable (committed at most every ``offset_commit_interval``); a failed write
         rewinds every partition in flight.
 
         While records keep arriving the queue need not empty by itself: once the oldest batch
@@ -397,6 +424,9 @@ class AtLeastOnceCommitter(Committer):
             writer.poll(wait_s)
             oldest = self.audited[0] if self.audited else self.in_flight[0] if self.in_flight else None
             if oldest is None:
+                if self.unstepped and self._commit_in_s(time.monotonic()) <= 0:
+                    self._write_steps()  # a commit is due: the steps first, the commit once they are acknowledged
+                self._commit_when_due()
                 return QUIET
             oldest_ms = (time.monotonic() - oldest.started_s) * 1000
             left_s = (self.settings.emit_timeout - oldest_ms) / 1000
@@ -410,13 +440,32 @@ class AtLeastOnceCommitter(Committer):
                 return QUIET  # not drained yet (tried again at the next pass), or not due to be
         except WriteFailed as failed:
             return self._fail(failed)
-        self._commit(self._acknowledged())
+        self.acknowledged.update(self._acknowledged())
+        self._commit_when_due()
         return QUIET  # acknowledged in the consumer's commit callback
+
+    def _commit_in_s(self, now_s: float) -> float:
+        """Seconds until the acknowledged commit points may be committed (0 or less: now)."""
+        return self.committed_s + self.settings.offset_commit_interval / 1000 - now_s
+
+    def _commit_when_due(self, *, now: bool = False) -> None:
+        """Commit the acknowledged points once ``offset_commit_interval`` has passed since the
+        latest commit (``now``: at once): one commit a loop a second at most, not one per drain
+        point; what a death would re-send grows by what is written meanwhile."""
+        if not self.acknowledged:
+            return
+        now_s = time.monotonic()
+        if now or self._commit_in_s(now_s) <= 0:
+            points, self.acknowledged = self.acknowledged, {}
+            self.committed_s = now_s
+            self._commit(points)
 
     def finish(self) -> Outcome:
         # 1. every write acknowledged; 2. the steps of those writes published and acknowledged;
         # 3. then the commit. A failure anywhere leaves it to the next owner to redo.
-        done: Offsets = {}
+        done, self.acknowledged = self.acknowledged, {}  # the points acknowledged earlier, then the rest
+        if self.unstepped:
+            self._write_steps()
         for _ in range(2):
             try:
                 left = self.writer.flush(self.settings.emit_timeout / 1000)
@@ -425,25 +474,32 @@ class AtLeastOnceCommitter(Committer):
             if left:
                 self._drop()
                 return QUIET
-            done.update(self._acknowledged())
+            done.update(self._acknowledged(write_steps=True))
         return Outcome(confirmed=self._commit(done, wait=True))
 
     def _take_batches(self) -> set[PartitionKey]:
-        partitions = set().union(*(b.partitions for b in self.audited))
+        partitions = set().union(*(b.partitions for b in self.audited), *(b.partitions for b in self.unstepped))
         self.audited.clear()
+        self.unstepped.clear()
+        # what was acknowledged and not committed is left to whoever serves its partitions next
+        # (the partitions went, or the clients close); a failed write commits it first (_fail)
+        self.acknowledged = {}
         return partitions | super()._take_batches()
 
-    def _acknowledged(self) -> Offsets:
-        """At a point where every write in flight is acknowledged: publish the steps of the
-        batches in flight, and return the commit points of the batches that may be committed
-        now (merged in order: later ones win): those whose steps were published at the point
-        before, and the batches in flight when they have no step to publish."""
+    def _acknowledged(self, *, write_steps: bool = False) -> Offsets:
+        """At a point where every write in flight is acknowledged: the commit points of the
+        batches that may be committed now (merged in order: later ones win): those whose steps
+        were written before and are acknowledged now, and the batches in flight when they have
+        no step to write. Batches with steps wait for them (:attr:`unstepped`): written when a
+        commit is due (``write_steps``: at once)."""
         done: Offsets = {}
         for batch in self.audited:
             done.update(batch.offsets)
         self.audited.clear()
-        if self.writer.publish_unpublished():
-            self.audited.extend(self.in_flight)  # committed once their steps are acknowledged
+        if self.writer.unpublished:
+            self.unstepped.extend(self.in_flight)  # committed once their steps are written and acknowledged
+            if write_steps or self._commit_in_s(time.monotonic()) <= 0:
+                self._write_steps()
         else:
             for batch in self.in_flight:
                 done.update(batch.offsets)
@@ -469,6 +525,7 @@ class AtLeastOnceCommitter(Committer):
         again from its commit (what was written is written again)."""
         self.producer.flush(self.settings.emit_timeout / 1000)  # whatever they meet: they are dropped
         error = failed.error
+        self._commit_when_due(now=True)  # what was acknowledged before is not rewound and written again
         partitions = self._drop()
         if error.fatal():
             raise KafkaException(error)
@@ -482,6 +539,7 @@ class ExactlyOnceCommitter(Committer):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.txn_open_since: float | None = None  # monotonic s the open transaction began
+        self.ended_s = -float("inf")  # monotonic s the latest transaction's commit began
         self.txn_member: str | None = None  # the member id that opened it
         self._ender = TransactionEnder(self.label)
         self._ending: _Ending | None = None  # the transaction's commit or abort under way
@@ -522,8 +580,17 @@ class ExactlyOnceCommitter(Committer):
                 waiting()  # waiting for the coordinator is not a wedged loop
 
     def poll_limit_ms(self, idle_ms: int) -> int:
-        # the open transaction's commit, or its end under way, is served between polls
-        return 0 if self.txn_open_since is not None or self.busy else super().poll_limit_ms(idle_ms)
+        # the end under way is served between polls; an open transaction's commit when it is due
+        if self.busy:
+            return 0
+        if self.txn_open_since is not None:
+            return wake_ms(self._commit_in_s(time.monotonic()), idle_ms)
+        return super().poll_limit_ms(idle_ms)
+
+    def _commit_in_s(self, now_s: float) -> float:
+        """Seconds until an idle loop's open transaction may end (0 or less: now):
+        ``commit_interval`` after the latest one began to end."""
+        return self.ended_s + self.settings.commit_interval / 1000 - now_s
 
     def begin(self, offsets: Offsets, partitions: set[PartitionKey], records: int) -> None:
         assert not self.busy, "nothing is decided while a transaction ends"
@@ -535,18 +602,22 @@ class ExactlyOnceCommitter(Committer):
         super().begin(offsets, partitions, records)
 
     def after_pass(self, *, idle: bool) -> Outcome:
-        """Settle the transaction's end under way; else commit the open transaction when the
-        loop is idle, or when it has been open ``commit_interval``, or holds as many records as
-        the loop lets be in flight."""
+        """Settle the transaction's end under way; else commit the open transaction once it has
+        been open ``commit_interval``, or when the loop is idle and ``commit_interval`` has passed
+        since the latest transaction ended (a loop that was idle commits at once, a busy one at
+        most every interval: each end is about a dozen requests and a marker on every partition
+        written), or when it holds as many records as the loop lets be in flight."""
         if self._ending is not None:
             return self._settle(TXN_WAIT_S)
         if self.txn_open_since is None:
             return QUIET
-        self.producer.poll(0)
-        self.writer.publish_unpublished()  # the steps' events, in the transaction of their records
-        ready = self.tasks.ready(self.clock())
-        open_s = time.monotonic() - self.txn_open_since
-        if (idle and not ready) or open_s * 1000 >= self.settings.commit_interval or self.full:
+        self.producer.poll(0)  # the steps' events are written at the commit, with the transaction's last records
+        now_s = time.monotonic()
+        interval_s = self.settings.commit_interval / 1000
+        due = now_s - self.txn_open_since >= interval_s or (
+            self._commit_in_s(now_s) <= 0 and idle and not self.tasks.ready(self.clock())
+        )
+        if due or self.full:
             self._start_commit()
             return self._settle(TXN_WAIT_S)
         return QUIET
@@ -604,6 +675,7 @@ class ExactlyOnceCommitter(Committer):
         self.writer.publish_unpublished()  # the last steps' events, in the transaction
         offsets = self.tasks.current_points(partitions)
         self.txn_open_since = None
+        self.ended_s = time.monotonic()
         # the member that decided these batches must still be the group's member (read here:
         # the consumer belongs to the loop's thread)
         member = self.consumer.memberid()
@@ -734,6 +806,12 @@ class ExactlyOnceCommitter(Committer):
         )
         log.warning("%s: %s", self.label, self.failure)
         raise self.failure
+
+
+def wake_ms(in_s: float, idle_ms: int) -> int:
+    """How long the loop's fetch may block for a commit due in ``in_s`` seconds (0 or less: now,
+    including a loop that never committed, ``-inf``): at most ``idle_ms``, just past the time."""
+    return int(max(0.0, min(float(idle_ms), in_s * 1000 + 1)))
 
 
 def in_slices(call: Callable[[], Any], deadline: float, progress: TxnProgress | None = None) -> None:

@@ -40,7 +40,7 @@ from delayapp.engine.bootstrap import (
     set_group_configs,
 )
 from delayapp.engine.cancel_registry import DAY_MS, CancelRegistry
-from delayapp.engine.capabilities import BrokerCapabilities
+from delayapp.engine.capabilities import BrokerCapabilities, fetch_wait_ms
 from delayapp.engine.groups import choose_membership
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.known_topics import KnownTopics
@@ -239,6 +239,8 @@ class DelayEngine(Service):
                 commit_metadata_kept=metadata_kept,
                 settle_before_leaving=not groups.apache_kafka_like,
                 membership=membership,
+                # Apache Kafka answers a waiting fetch when data arrives; the embedded broker does not
+                fetch_wait_ms=fetch_wait_ms(s, wakes_waiting_fetches=groups.apache_kafka_like),
             ),
             # every loop can deliver: each re-checks that targets exist (shared, cached list)
             before_decide=self.known_topics.ensure if s.check_target_exists else None,

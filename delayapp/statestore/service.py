@@ -114,6 +114,12 @@ class Location:
     unverified: str | None = None
 
 
+#: the read model's reader: longest a fetch waits for :data:`READ_MODEL_FETCH_BYTES` of record
+#: states (docs/benchmarks.md: What a delayed record costs); at most this much later in the read model
+READ_MODEL_FETCH_WAIT_MS = 500
+READ_MODEL_FETCH_BYTES = 64 * 1024
+
+
 class PartitionedStates(Service):
     """Folds the ``record-states`` partitions this worker owns into ``store`` and knows who owns the rest.
 
@@ -242,7 +248,11 @@ class PartitionedStates(Service):
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
-            fetch_max_wait_ms=200,
+            # a fetch is answered once it has READ_MODEL_FETCH_BYTES or has waited
+            # READ_MODEL_FETCH_WAIT_MS: every step writes here, and a fetch woken by each of them
+            # was one or two requests per delivered record; the read model lags that much more
+            fetch_max_wait_ms=READ_MODEL_FETCH_WAIT_MS,
+            fetch_min_bytes=READ_MODEL_FETCH_BYTES,
             max_partition_fetch_bytes=1024 * 1024,
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -17,7 +18,9 @@ from delayapp.engine.committer import (
     MAX_IN_FLIGHT_BATCHES,
     QUIET,
     AtLeastOnceCommitter,
+    Committer,
     EmitTimeout,
+    ExactlyOnceCommitter,
 )
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.service import build_policy
@@ -34,9 +37,11 @@ def make_committer() -> Iterator[Callable[..., AtLeastOnceCommitter]]:
     """An at_least_once committer of a loop whose batches hold at most ``max_batch`` records."""
     consumers: list[Consumer] = []
 
-    def make(max_batch: int, emit_timeout: int = 30_000) -> AtLeastOnceCommitter:
+    def make(
+        max_batch: int, emit_timeout: int = 30_000, kind: type[Committer] = AtLeastOnceCommitter, **extra: Any
+    ) -> Any:
         settings = load_settings(
-            broker=NOWHERE, topic_prefix="cmt", app_id="cmt", max_batch=max_batch, emit_timeout=emit_timeout
+            broker=NOWHERE, topic_prefix="cmt", app_id="cmt", max_batch=max_batch, emit_timeout=emit_timeout, **extra
         )
         layout = settings.topic_layout()
         handler = RecordHandler(layout=layout, planner=Planner(settings.ladder), policy=build_policy(settings, layout))
@@ -65,7 +70,7 @@ def make_committer() -> Iterator[Callable[..., AtLeastOnceCommitter]]:
             dead_letter_topic=layout.dead_letter,
             publish_waiting=False,
         )
-        return AtLeastOnceCommitter(
+        return kind(
             label="cmt",
             producer=producer,
             consumer=consumer,
@@ -123,6 +128,105 @@ def test_a_drain_holds_the_loop_a_moment_a_pass_until_the_oldest_batch_is_old(
     committer.in_flight[0].started_s -= DRAIN_BY_MS / 1000
     with pytest.raises(EmitTimeout):
         committer.settle(wait_s=0)
+
+
+def settle_until(committer: AtLeastOnceCommitter, done: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Settle until ``done()``: the producer's queue also holds the events of its failed
+    connections (nothing listens), which the writer serves on its own time."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "not settled in time"
+        committer.settle(wait_s=0.01)
+
+
+def test_acknowledged_points_are_committed_at_most_every_offset_commit_interval(
+    make_committer: Callable[..., AtLeastOnceCommitter],
+) -> None:
+    # one commit per drain point was a few OffsetCommit requests per record at moderate rates
+    committer = make_committer(500, offset_commit_interval=1_000)
+    committed: list[dict[Any, Any]] = []
+    committer._commit = lambda offsets, wait=False: committed.append(dict(offsets)) or {}  # type: ignore[method-assign]
+    key = ("cmt.delay.1s", 0)
+    committer.acknowledged = {key: (0, "")}  # acknowledged before the loop's first commit: due at once
+    assert committer.poll_limit_ms(5_000) == 0
+    committer.acknowledged = {}
+    committer.begin({key: (1, "")}, {key}, 1)
+    settle_until(committer, lambda: bool(committed))  # nothing was written: acknowledged at once
+    assert committed == [{key: (1, "")}]  # the first commit goes at once
+    for offset in (2, 3):
+        committer.begin({key: (offset, "")}, {key}, 1)
+        settle_until(committer, lambda: not committer.in_flight)
+    assert committed == [{key: (1, "")}]  # within the interval: kept, the later point replacing the earlier
+    assert committer.acknowledged == {key: (3, "")}
+    assert 0 < committer.poll_limit_ms(5_000) <= 1_001  # the loop wakes for the commit
+    committer.committed_s -= 1.0
+    settle_until(committer, lambda: len(committed) == 2)  # idle now: nothing in flight, the commit is due
+    assert committed == [{key: (1, "")}, {key: (3, "")}]
+    assert committer.acknowledged == {} and committer.poll_limit_ms(5_000) == 5_000
+
+
+def test_steps_wait_for_a_commit_and_go_out_together(make_committer: Callable[..., AtLeastOnceCommitter]) -> None:
+    # librdkafka sends a produce request per partition: steps written as their records were
+    # acknowledged cost two or three requests per delivered record
+    committer = make_committer(500, offset_commit_interval=1_000)
+    committed: list[dict[Any, Any]] = []
+    committer._commit = lambda offsets, wait=False: committed.append(dict(offsets)) or {}  # type: ignore[method-assign]
+    key = ("cmt.delay.1s", 0)
+    committer.committed_s = time.monotonic()  # a commit just went: the next is a second away
+    committer.writer.unpublished.append((b'{"status":"delivered"}', b"r1", 1))  # the batch's step
+    committer.begin({key: (1, "")}, {key}, 1)
+    settle_until(committer, lambda: not committer.in_flight)
+    assert len(committer.unstepped) == 1 and committer.writer.unpublished  # kept: no commit is due
+    assert not committed and 0 < committer.poll_limit_ms(5_000) <= 1_001
+    committer.committed_s -= 1.0
+    committer.settle(wait_s=0)
+    assert not committer.unstepped and not committer.writer.unpublished  # written now, together
+    assert committer.audited and not committed  # committed once the steps are acknowledged
+
+
+def test_offset_commit_interval_zero_commits_at_every_acknowledged_point(
+    make_committer: Callable[..., AtLeastOnceCommitter],
+) -> None:
+    committer = make_committer(500, offset_commit_interval=0)
+    committed: list[dict[Any, Any]] = []
+    committer._commit = lambda offsets, wait=False: committed.append(dict(offsets)) or {}  # type: ignore[method-assign]
+    key = ("cmt.delay.1s", 0)
+    for offset in (1, 2, 3):
+        committer.begin({key: (offset, "")}, {key}, 1)
+        settle_until(committer, lambda n=offset: len(committed) == n)
+    assert [points[key][0] for points in committed] == [1, 2, 3]
+
+
+def test_a_transaction_ends_at_most_every_commit_interval_unless_it_was_idle(
+    make_committer: Callable[..., Any],
+) -> None:
+    # each transaction's end is about a dozen requests and a marker on every partition it wrote:
+    # ending one whenever the loop was idle made one per record at moderate rates
+    committer: ExactlyOnceCommitter = make_committer(500, kind=ExactlyOnceCommitter, commit_interval=100)
+    ended: list[float] = []
+    committer._start_commit = lambda: ended.append(time.monotonic())  # type: ignore[method-assign]
+    committer._settle = lambda wait_s, replaceable=True: QUIET  # type: ignore[method-assign]
+    now = time.monotonic()
+    committer.txn_open_since = now  # the loop's first transaction: its end is due at once
+    assert committer.poll_limit_ms(5_000) == 0
+    committer.txn_open_since, committer.ended_s = now, now - 5.0  # idle for long: ends at once
+    committer.after_pass(idle=True)
+    assert len(ended) == 1
+    committer.txn_open_since, committer.ended_s = now, now  # one just ended: this one waits
+    committer.after_pass(idle=True)
+    assert len(ended) == 1
+    assert 0 < committer.poll_limit_ms(5_000) <= 101  # the loop wakes when it may end
+    committer.ended_s = now - 0.15  # the interval has passed since: an idle loop ends it
+    committer.after_pass(idle=True)
+    assert len(ended) == 2
+    committer.txn_open_since, committer.ended_s = now - 0.15, now - 0.15  # open that long: ends though busy
+    committer.after_pass(idle=False)
+    assert len(ended) == 3
+    committer.txn_open_since, committer.ended_s = now - 0.05, now - 0.5  # busy and young: goes on
+    committer.after_pass(idle=False)
+    assert len(ended) == 3
+    committer.txn_open_since = None
+    committer.close()
 
 
 def test_a_transactional_call_is_made_again_in_slices_while_its_error_is_retriable() -> None:
