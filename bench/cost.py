@@ -400,10 +400,6 @@ class CostPlan:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-def _cost_dict(cost: Cost) -> dict[str, Any]:
-    return asdict(cost)
-
-
 async def measure(plan: CostPlan, say: Any) -> dict[str, Any]:
     """Run the section (see the module); ``say(name, value)`` is told each figure as it comes.
     Returns everything measured, for the JSON result."""
@@ -453,7 +449,7 @@ async def measure(plan: CostPlan, say: Any) -> dict[str, Any]:
             {
                 "rate": rate,
                 "release": "reference",
-                "cost": _cost_dict(ref_cost),
+                "cost": asdict(ref_cost),
                 "by_name": per_record_by_name(ref_window, idle, ref_result.delivered),
             }
         )
@@ -479,8 +475,8 @@ async def measure(plan: CostPlan, say: Any) -> dict[str, Any]:
                         "guarantee": guarantee,
                         "release": release,
                         "result": asdict(result),
-                        "cost": _cost_dict(cost),
-                        "net": _cost_dict(net),
+                        "cost": asdict(cost),
+                        "net": asdict(net),
                         "by_name": per_record_by_name(window, idle, result.delivered),
                     }
                 )
