@@ -483,7 +483,8 @@ async def measure(plan: CostPlan, say: Any) -> dict[str, Any]:
                 label = f"cost at {rate} rec/s, {guarantee}" + ("" if release == "this" else f" ({python})")
                 say(
                     label,
-                    f"{describe(net)}; lateness p99 {_ms(result.p99_ms)}, lost {result.lost}, early {result.early}, "
+                    f"{describe(net)}; lateness p99 {_ms(result.p99_ms)} (as a read_committed reader sees it: "
+                    f"{_ms(result.p99_seen_ms)}), lost {result.lost}, early {result.early}, "
                     f"twice {result.twice}, reopened {result.reopened}",
                 )
     return results

@@ -45,6 +45,7 @@ DURATION_FIELDS = (
     "session_lifetime",
     "peer_replay_window",
     "retired_quiet",
+    "hop_tick",
 )
 
 
@@ -270,6 +271,17 @@ class Settings(BaseSettings):
         2,
         description="producer linger (ms): a loop's writes of a few ms go out in one request per partition "
         "(fewer requests for the client and the broker to handle); a write reaches the broker up to this much later",
+    )
+    # 500 ms: the hops of half a second go out together, in one request per delay topic
+    # (docs/benchmarks.md: What a delayed record costs); a hop lasts at least the smallest
+    # denomination, and its plan is made anew when taken, so no delivery moves
+    hop_tick: int = Field(
+        500,
+        ge=0,
+        description="a record that wakes on a delay topic before it is due (an intermediate hop), or enters due "
+        "further off, is taken at the next multiple of this, with the others of that instant, and a loop writes "
+        "a tick's hops to one partition of each delay topic; deliveries stay on time; capped at half the smallest "
+        "denomination; 0: each hop at once, partitioned by key (duration)",
     )
     release_ahead: bool = Field(
         True,
@@ -619,6 +631,12 @@ class Settings(BaseSettings):
         """How far ahead of their wake-up a delay topic's records are fetched: the smallest
         denomination + ``read_ahead`` (a loop pauses a partition whose last record wakes later)."""
         return self.ladder.smallest + self.read_ahead
+
+    @property
+    def hop_tick_ms(self) -> int:
+        """``hop_tick`` as the loops use it: at most half the smallest denomination (a hop lasts at
+        least that denomination: one taken later is still planned with most of it left)."""
+        return min(self.hop_tick, self.ladder.smallest // 2)
 
     @property
     def partial_window_ms(self) -> int | None:

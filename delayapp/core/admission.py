@@ -94,6 +94,35 @@ def _number(raw: bytes | None) -> int:
     return value if end == size else -1
 
 
+def ingress_due(headers: LeanHeaders, timestamp: int, timestamp_type: int) -> int:
+    """When an ingress record is due by its own headers, as :func:`due_at_entry` fixes it: its
+    one ``reactivateAt``, or its one ``delayMs`` after the broker appended it (``timestamp`` in
+    :data:`LOG_APPEND_TIME`); -1 where that is not plain (no such header, both, one repeated or
+    malformed, or a timestamp the broker did not set), and the record is then admitted at once.
+
+    The router asks it when it fetches the record, to take one that will hop at the next hop
+    tick (:func:`delayapp.core.partition.hop_taken_at`): the due time does not depend on when
+    the record is admitted, so the admission decides the same then."""
+    if timestamp_type != LOG_APPEND_TIME or timestamp <= 0:
+        return -1
+    raw_due: bytes | None = None
+    raw_delay: bytes | None = None
+    for name, raw in headers:
+        if name == _REACTIVATE_AT:
+            if raw_due is not None:
+                return -1
+            raw_due = raw
+        elif name == _DELAY_MS:
+            if raw_delay is not None:
+                return -1
+            raw_delay = raw
+    if raw_due is not None:
+        due = _number(raw_due)
+        return due if raw_delay is None and _MIN_TIME <= due <= _MAX_TIME else -1
+    delay = _number(raw_delay)
+    return timestamp + delay if 0 <= delay <= _MAX_TIME else -1
+
+
 class LeanAdmission:
     """Admits an ingress record from its raw headers and answers its first hop (see the
     module's docstring); build once per router, with the full path's planner and policy.

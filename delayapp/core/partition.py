@@ -50,6 +50,38 @@ def credible_awake_at(awake_at: int | None, now: int, max_wait_ms: int) -> int |
     return awake_at
 
 
+def hop_taken_at(awake_at: int, due: int, tick_ms: int) -> int:
+    """When a record that wakes at ``awake_at`` and is due at ``due`` is taken: at once if it is
+    due then (``awake_at >= due``: its last hop ends there, a delivery), else at the next
+    multiple of ``tick_ms`` (epoch-aligned, so every loop of every worker takes its hops at the
+    same instants), never after ``due``; ``tick_ms`` 0 or less: at ``awake_at``.
+
+    Why an intermediate hop may wait for a tick: its plan is made anew when it is taken (what
+    remains is then shorter, and a remainder below the smallest denomination is held where it
+    is until it is due), so taking it a little later moves no delivery; the hops of a tick are
+    written together, in one request per partition, where one each went out before."""
+    if tick_ms <= 0 or awake_at >= due:
+        return awake_at
+    tick = -(-awake_at // tick_ms) * tick_ms
+    return tick if tick < due else due
+
+
+def tick_partition(now: int, tick_ms: int, partitions: int, salt: int) -> int:
+    """The partition of a delay topic of ``partitions`` partitions that a writer's hops of the
+    tick holding ``now`` go to: one per tick, the next at the next tick (``salt``, the writer's
+    own, keeps two writers apart); -1 (the producer's partitioner, by key) without a tick or a
+    partition count.
+
+    Why: a producer sends a request per partition it has records for, so the hops of a tick
+    spread by key over every partition of a topic cost a request each, and together one. A
+    delay topic's partition carries nothing but order among records waiting alike (the target's
+    partition is chosen by key when the record is delivered), and over many ticks the records
+    still spread evenly."""
+    if tick_ms <= 0 or partitions <= 0:
+        return -1
+    return (now // tick_ms + salt) % partitions
+
+
 class Pending:
     """A fetched record not yet committed: its offset, ``awakeAt`` (None: due now) and size.
 

@@ -103,6 +103,9 @@ class DeployResult:
     exited: int = 0  # workers that exited by themselves during the run
     #: exactly_once: producers replaced (a transaction's end given up; the loop kept its consumer)
     replaced: int = 0
+    #: lateness p99 as a read_committed reader sees it: when the harness's reader got the record
+    #: (under exactly_once, at its transaction's end), not when the broker appended it (None: not read)
+    p99_seen_ms: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -137,15 +140,21 @@ def summarize(
     protocols: Iterable[str] = (),
     exited: int = 0,
     replaced: int = 0,
+    seen: Iterable[tuple[str, int]] = (),
 ) -> DeployResult:
     """Count what happened to the records ``due`` (id -> due time, epoch ms), given each
     delivery as (id, broker append time) and the deploy's ``window`` (epoch ms, first SIGTERM
-    to last worker serving): the first delivery of an id is the one its lateness is taken from."""
+    to last worker serving): the first delivery of an id is the one its lateness is taken from;
+    ``seen``: each delivery as (id, when a read_committed reader got it), for the lateness that
+    reader sees."""
     first: dict[str, int] = {}
     copies: Counter[str] = Counter()
     for record_id, appended in delivered:
         copies[record_id] += 1
         first[record_id] = min(appended, first.get(record_id, appended))
+    first_seen: dict[str, int] = {}
+    for record_id, arrived in seen:
+        first_seen[record_id] = min(arrived, first_seen.get(record_id, arrived))
     early = sum(1 for record_id, appended in first.items() if record_id in due and appended < due[record_id])
     start, end = window
     late = sorted(
@@ -179,6 +188,14 @@ def summarize(
         protocols=sorted(set(protocols)),
         exited=exited,
         replaced=replaced,
+        p99_seen_ms=percentile(
+            sorted(
+                max(0, arrived - due[record_id])
+                for record_id, arrived in first_seen.items()
+                if record_id in due and start <= due[record_id] <= end
+            ),
+            0.99,
+        ),
     )
 
 
@@ -343,6 +360,7 @@ class RollingDeploy:
                 workers=c.workers,
                 due=self.due,
                 delivered=[(r.key.decode(), r.timestamp) for r in collector.records],
+                seen=[(r.key.decode(), collector.arrival(r)) for r in collector.records],
                 window=(started, ended),
                 reopened=len(re.findall(r": loop failed \(", logs)),
                 replaced=len(re.findall(r": replacing its producer", logs)),

@@ -103,6 +103,7 @@ FETCH_QUEUE_BACKOFF_MS = 5  # how soon librdkafka fetches again for a partition 
 # producers replaced one after another with nothing committed between them, beyond which the loop
 # reopens its clients instead (the consumer too: something else is wrong)
 MAX_PRODUCER_REPLACEMENTS = 3
+METADATA_TIMEOUT_S = 10.0  # longest the delay topics' partition counts are waited for as a producer opens
 
 
 class HopLoop(Service):
@@ -176,6 +177,7 @@ class HopLoop(Service):
             # before they wake, not as far as the read-ahead's bytes allow (PartitionState.should_pause)
             horizon_ms=None if self.entering else settings.read_ahead_horizon_ms,
             wants_targets=before_decide is not None,
+            hop_tick_ms=settings.hop_tick_ms,
         )
         self.running = asyncio.Event()
         self.before_decide = before_decide
@@ -437,6 +439,24 @@ class HopLoop(Service):
             self._seek((tp.topic, tp.partition), tp.offset if tp.offset >= 0 else None)
         log.info("%s: its new producer is ready; %d partitions read again from their commits", self.label, len(keys))
 
+    def _delay_partitions(self, producer: Producer) -> dict[str, int]:
+        """The partition counts of this ladder's delay topics (and priority lanes), asked once as
+        the producer opens: a tick's hops to one of them go to one partition (see the writer).
+        Partitions an operator adds later are written once the loop opens again; without an
+        answer, hops are partitioned by key as before."""
+        layout = self.handler.layout
+        try:
+            metadata = producer.list_topics(timeout=METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning("%s: no metadata for the delay topics (%s); hops are partitioned by key", self.label, exc)
+            return {}
+        counts: dict[str, int] = {}
+        for topic in (*layout.delay_topics.values(), *layout.priority_topics.values()):
+            found = metadata.topics.get(topic)
+            if found is not None and found.error is None and found.partitions:
+                counts[topic] = len(found.partitions)
+        return counts
+
     def _still_opening(self) -> None:
         """Waiting for the broker while the clients open is not a wedged loop (the liveness probe)."""
         self.pass_at_s = time.monotonic()
@@ -458,6 +478,8 @@ class HopLoop(Service):
             observer=partial(observer, self) if observer is not None else None,
             hops_observer=partial(hops_observer, self) if hops_observer is not None else None,
             target_failed=_told_on_event_loop(self._aio, self.on_target_failed),
+            spread=self._delay_partitions(producer) if s.hop_tick_ms > 0 else None,
+            tick_ms=s.hop_tick_ms,
         )
         self._committer = self.committer_kind(
             label=self.label,

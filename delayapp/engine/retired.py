@@ -32,7 +32,7 @@ from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
 
-PROBE_BELOW = 16  # a partition this few offsets short of its end is read, to tell records from transaction markers
+PROBE_BELOW = 64  # a partition this few offsets short of its end is read, to tell records from transaction markers
 PROBE_S = 2.0  # longest a probe reads
 PROGRESS_EVERY_S = 30.0  # how often a changing count of waiting records is logged
 

@@ -29,6 +29,7 @@ from typing import cast
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, KafkaException, Message
 
+from delayapp.core.admission import ingress_due
 from delayapp.core.clock import GuardedClock
 from delayapp.core.headers import AWAKE_AT, REACTIVATE_TO_TOPIC, Headers, plain
 from delayapp.core.hop import LeanHeaders, record_size, scan
@@ -39,6 +40,7 @@ from delayapp.core.partition import (
     PartitionKey,
     Pending,
     credible_awake_at,
+    hop_taken_at,
 )
 from delayapp.core.policies import CREATE_TIME, LOG_APPEND_TIME, Wait
 from delayapp.core.uncommitted import CommitPoint, written_not_committed
@@ -116,16 +118,19 @@ class Tasks:
         release_ahead: bool,
         horizon_ms: int | None,
         wants_targets: bool,
+        hop_tick_ms: int = 0,
     ) -> None:
         """``max_wait_ms``: the topic's denomination (no record there waits longer); ``horizon_ms``:
         how far ahead of its wake a record is fetched (None: as far as the budgets allow);
-        ``wants_targets``: :meth:`take` names the targets a batch writes to."""
+        ``wants_targets``: :meth:`take` names the targets a batch writes to; ``hop_tick_ms``: a
+        record not due when it wakes is taken at the next tick (:func:`hop_taken_at`; 0: at once)."""
         self.label = label
         self.handler = handler
         self.stats = stats
         self.clock = clock
         self.max_wait_ms = max_wait_ms
         self.horizon_ms = horizon_ms
+        self.hop_tick_ms = hop_tick_ms
         self.wants_targets = wants_targets
         self.parts = AssignedPartitions(priority_topic=priority_topic, release_ahead=release_ahead)
         self.lock = threading.Lock()
@@ -401,6 +406,8 @@ class DelayTasks(Tasks):
         view = scan(headers)
         if view is not None:  # as the router wrote it: read once, here
             awake_at = self._credible(message, view.awake, fetched_at)
+            if awake_at is not None:  # an intermediate hop waits for the tick: hops go out together
+                awake_at = hop_taken_at(awake_at, view.due, self.hop_tick_ms)
         else:  # a record the lean hop does not read: the full path's
             awake_raw: bytes | None = None
             for name, raw in plain(headers):
@@ -470,7 +477,11 @@ class IngressTasks(Tasks):
         assert offset is not None  # a record, not an error event
         headers = cast(LeanHeaders, message.headers() or [])
         record = FetchedRecord(message, cast(Headers, headers))
-        return Pending(offset, record, None, record_size(record.key, record.value, headers))
+        # a record that will hop waits for the hop tick: the router's first hops go out
+        # together; one due sooner is taken when due (then held, or delivered), at once if due
+        due = ingress_due(headers, record.timestamp, record.timestamp_type) if self.hop_tick_ms > 0 else -1
+        awake_at = None if due < 0 else hop_taken_at(fetched_at, due, self.hop_tick_ms)
+        return Pending(offset, record, awake_at, record_size(record.key, record.value, headers))
 
     def _targets(self, by_partition: dict[PartitionKey, list[Pending]], fetched_at: int) -> set[str]:
         records = [cast(ConsumedRecord, entry.record) for entries in by_partition.values() for entry in entries]

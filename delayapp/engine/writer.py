@@ -28,7 +28,8 @@ A writer lives as long as the loop's producer: the loop builds one each time it 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Mapping
 from functools import partial
 from itertools import repeat
 from typing import cast
@@ -39,7 +40,7 @@ from delayapp.core.admission import LeanAdmitted
 from delayapp.core.audit import AuditEvent, RecordStatus, audit_record_values, published
 from delayapp.core.clock import GuardedClock, now_ms
 from delayapp.core.hop import LeanDelivery, LeanHeaders, LeanHop
-from delayapp.core.partition import PartitionKey, Pending
+from delayapp.core.partition import PartitionKey, Pending, tick_partition
 from delayapp.core.policies import DeadLetter, Reason
 from delayapp.engine.handler import Decided, LeanOutput, Output, OutputHeaders, Refusal
 from delayapp.engine.stats import LoopStats
@@ -117,8 +118,15 @@ class Writer:
         observer: Callable[[CountedEvent], None] | None = None,
         hops_observer: Callable[[int], None] | None = None,
         target_failed: Callable[[str], None] | None = None,
+        spread: Mapping[str, int] | None = None,
+        tick_ms: int = 0,
     ) -> None:
         self.label = label
+        # the delay topics' partition counts: a tick's hops to one of them go to one partition
+        # (tick_partition), from a point of the cycle of this writer's own (salt)
+        self.spread = dict(spread or {})
+        self.tick_ms = tick_ms
+        self.salt = random.randrange(1 << 16)
         self.producer = producer
         self.stats = stats
         self.clock = clock
@@ -148,23 +156,28 @@ class Writer:
         whatever this worker's own clock says."""
         produce, hops = self.producer.produce, 0
         stamp = self.clock()
+        spread, tick, salt = self.spread, self.tick_ms, self.salt
         for key, entry, outputs in batch:
             kind = type(outputs)
             if kind is LeanAdmitted:  # the ingress record, admitted: written with the state it now carries
                 admitted = cast(LeanAdmitted, outputs)
                 written = partial(self._write_failed, key, entry, admitted.topic) if careful else None
+                partition = tick_partition(stamp, tick, spread.get(admitted.topic, 0), salt)
                 try:
                     produce(
                         admitted.topic,
                         admitted.value,
                         admitted.key,
+                        partition=partition,
                         headers=cast("list[tuple[str, str | bytes | None]]", admitted.headers),
                         timestamp=stamp,
                         on_delivery=written,
                     )
                 except (BufferError, KafkaException):  # the queue is full, or refused before queuing
                     written = partial(self._write_failed, key, entry, admitted.topic)
-                    self.produce(admitted.topic, admitted.value, admitted.key, admitted.headers, written, stamp)
+                    self.produce(
+                        admitted.topic, admitted.value, admitted.key, admitted.headers, written, stamp, partition
+                    )
                 hops += 1
                 self._publish_step(admitted.encoded, admitted.record_id, admitted.at)
                 continue
@@ -173,22 +186,22 @@ class Writer:
                 headers = cast("list[tuple[str, str | bytes | None]]", step.headers)  # as the stub wants it
                 message = entry.record
                 delivery = cast(LeanDelivery, step) if kind is LeanDelivery else None
+                # a hop: this tick's partition; a delivery: the target's partitioner, by key
+                partition = -1 if delivery is not None else tick_partition(stamp, tick, spread.get(step.topic, 0), salt)
+                written = partial(self._write_failed, key, entry, step.topic) if careful else None
                 try:
-                    if careful:
-                        written = partial(self._write_failed, key, entry, step.topic)
-                        produce(
-                            step.topic,
-                            message.value(),
-                            message.key(),
-                            headers=headers,
-                            timestamp=stamp,
-                            on_delivery=written,
-                        )
-                    else:
-                        produce(step.topic, message.value(), message.key(), headers=headers, timestamp=stamp)
+                    produce(
+                        step.topic,
+                        message.value(),
+                        message.key(),
+                        partition=partition,
+                        headers=headers,
+                        timestamp=stamp,
+                        on_delivery=written,
+                    )
                 except (BufferError, KafkaException):  # the queue is full, or refused before queuing
                     written = partial(self._write_failed, key, entry, step.topic)
-                    self.produce(step.topic, message.value(), message.key(), step.headers, written, stamp)
+                    self.produce(step.topic, message.value(), message.key(), step.headers, written, stamp, partition)
                 if delivery is None:
                     hops += 1
                 else:
@@ -216,9 +229,11 @@ class Writer:
         headers: OutputHeaders | LeanHeaders | None,
         on_error: Callable[[KafkaError | None, Message | None], None] | None = None,
         timestamp: int | None = None,
+        partition: int = -1,
     ) -> None:
-        """Queue one write stamped ``timestamp`` (None: the loop's clock now); ``on_error`` is
-        told if it fails (None: :meth:`delivery_failed` is)."""
+        """Queue one write stamped ``timestamp`` (None: the loop's clock now) to ``partition``
+        (-1: the producer's partitioner, by key); ``on_error`` is told if it fails (None:
+        :meth:`delivery_failed` is)."""
         stamp = self.clock() if timestamp is None else timestamp
         producer = self.producer
         # the stub asks for list[tuple[str, str | bytes | None]]; ours holds a narrower value type,
@@ -227,10 +242,18 @@ class Writer:
         while True:
             try:
                 if on_error is None:
-                    producer.produce(topic, value, key, headers=librdkafka_headers, timestamp=stamp)
+                    producer.produce(
+                        topic, value, key, partition=partition, headers=librdkafka_headers, timestamp=stamp
+                    )
                 else:
                     producer.produce(
-                        topic, value, key, headers=librdkafka_headers, timestamp=stamp, on_delivery=on_error
+                        topic,
+                        value,
+                        key,
+                        partition=partition,
+                        headers=librdkafka_headers,
+                        timestamp=stamp,
+                        on_delivery=on_error,
                     )
                 return
             except BufferError:  # librdkafka's queue is full: serve acknowledgements, then try again

@@ -186,3 +186,37 @@ def test_the_lean_admission_decides_as_the_full_path_or_not_at_all(headers: list
     step = lean(hh, rec, now)
     if step is not None:
         assert_as_full_path(hh, rec, step, now)
+
+
+def test_the_due_time_an_ingress_record_names_plainly_is_read_before_it_is_admitted() -> None:
+    from delayapp.core.admission import ingress_due
+
+    def due(*headers: tuple[str, bytes | None], kind: int = LOG_APPEND_TIME) -> int:
+        return ingress_due(list(headers), APPENDED, kind)
+
+    assert due((h.REACTIVATE_AT, str(NOW + 5).encode())) == NOW + 5
+    assert due(("x", b"1"), (h.DELAY_MS, b"250")) == APPENDED + 250  # after the broker appended it
+    assert due((h.DELAY_MS, b"250"), kind=CREATE_TIME) == -1  # counted from when the router reads it: at once
+    assert due() == -1  # none: the full path explains
+    assert due((h.DELAY_MS, b"1"), (h.REACTIVATE_AT, str(NOW).encode())) == -1  # both
+    assert due((h.DELAY_MS, b"1"), (h.DELAY_MS, b"1")) == -1  # repeated
+    assert due((h.DELAY_MS, b"-1")) == -1 and due((h.DELAY_MS, b"1.5")) == -1 and due((h.DELAY_MS, None)) == -1
+    assert due((h.REACTIVATE_AT, b"17")) == -1  # seconds, not milliseconds
+
+
+@given(headers=st.lists(st.tuples(st.sampled_from([h.DELAY_MS, h.REACTIVATE_AT, "x"]), st.binary(max_size=20))))
+def test_a_due_time_read_before_admission_is_the_one_the_admission_fixes(headers) -> None:
+    """Where the hint names a due time, the full path admits the record with that due time (or
+    refuses it for another reason): the router never waits past a record's due time."""
+    from delayapp.core.admission import ingress_due
+
+    hint = ingress_due(headers, APPENDED, LOG_APPEND_TIME)
+    if hint < 0:
+        return
+    state = h.decode([(name, value) for name, value in headers])
+    from delayapp.core.policies import admit
+
+    if isinstance(state, h.DelayHeaders):
+        admitted = admit(state, now_ms=NOW, record_timestamp_ms=APPENDED, timestamp_type=LOG_APPEND_TIME, record_id="r")
+        if isinstance(admitted, h.DelayHeaders):
+            assert admitted.reactivate_at == hint

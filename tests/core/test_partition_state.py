@@ -275,3 +275,47 @@ def test_the_indexed_partition_releases_what_a_full_scan_releases(
             assert point[0] == position and decode_released(position, point[1]) == released
             if point != (indexed.committed, indexed.committed_metadata):
                 indexed.committed_to(*point)
+
+
+def test_an_intermediate_hop_waits_for_the_next_tick_and_a_delivery_does_not() -> None:
+    from delayapp.core.partition import hop_taken_at
+
+    tick = 500
+    start = 1_800_000_000_000  # a multiple of the tick
+    assert hop_taken_at(start + 1, start + 10_000, tick) == start + tick  # not due: the next tick
+    assert hop_taken_at(start, start + 10_000, tick) == start  # on a tick: taken then
+    assert hop_taken_at(start + 1, start + 200, tick) == start + 200  # never after it is due
+    assert hop_taken_at(start + 7, start + 7, tick) == start + 7  # its last hop ends when due: at once
+    assert hop_taken_at(start + 1, start + 10_000, 0) == start + 1  # no tick: at once
+
+
+@given(
+    awake=st.integers(1_000_000_000_000, 2_000_000_000_000),
+    until_due=st.integers(-10_000, 100_000),
+    tick=st.integers(0, 5_000),
+)
+def test_a_hop_is_taken_within_one_tick_of_its_wake_and_never_after_its_due_time(
+    awake: int, until_due: int, tick: int
+) -> None:
+    from delayapp.core.partition import hop_taken_at
+
+    due = awake + until_due
+    taken = hop_taken_at(awake, due, tick)
+    assert taken >= awake  # never before it wakes
+    if awake >= due or tick <= 0:
+        assert taken == awake
+    else:
+        assert taken <= due and taken - awake < tick
+        assert taken == due or taken % tick == 0  # every loop's hops of one instant together
+
+
+def test_a_writers_hops_of_one_tick_go_to_one_partition_and_the_ticks_take_turns() -> None:
+    from delayapp.core.partition import tick_partition
+
+    start = 1_800_000_000_000
+    assert len({tick_partition(start + ms, 500, 4, 7) for ms in range(0, 500, 7)}) == 1  # one tick, one partition
+    turns = [tick_partition(start + 500 * tick, 500, 4, 7) for tick in range(8)]
+    assert sorted(turns) == [0, 0, 1, 1, 2, 2, 3, 3]  # every partition in turn: spread evenly over time
+    assert tick_partition(start, 500, 4, 8) != tick_partition(start, 500, 4, 7)  # another writer, elsewhere
+    assert tick_partition(start, 0, 4, 7) == -1  # no tick: by key
+    assert tick_partition(start, 500, 0, 7) == -1  # no partition count: by key

@@ -60,7 +60,7 @@ async def test_short_chaos_run_cuts_one_worker_and_all_on_a_real_broker(guarante
     listeners = worker_listeners(2)
     if isinstance(listeners, str):
         pytest.skip(listeners)
-    if reason := probe_listeners(listeners, broker):
+    if reason := await probe_listeners(listeners, broker):
         pytest.skip(reason)
     config = ChaosConfig(
         records=3_000,

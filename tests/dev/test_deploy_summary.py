@@ -21,3 +21,11 @@ def test_copies_are_allowed_under_at_least_once_only() -> None:
     twice = [("a", 1_001), ("a", 1_050)]
     assert summarize(guarantee="at_least_once", workers=2, due=due, delivered=twice, window=(0, 2_000)).ok
     assert not summarize(guarantee="exactly_once", workers=2, due=due, delivered=twice, window=(0, 2_000)).ok
+
+
+def test_the_lateness_a_read_committed_reader_sees_counts_from_when_it_got_the_record() -> None:
+    due = {"a": 1_000, "b": 2_000}
+    delivered = [("a", 1_010), ("b", 2_005)]  # appended on time, in a transaction
+    seen = [("a", 1_090), ("b", 2_300), ("b", 2_400)]  # visible at the transactions' ends
+    result = summarize(guarantee="exactly_once", workers=1, due=due, delivered=delivered, window=(0, 5_000), seen=seen)
+    assert result.max_ms == 10 and result.p99_seen_ms is not None and 290 <= result.p99_seen_ms <= 300

@@ -108,9 +108,10 @@ async def test_a_record_its_target_refuses_is_dead_lettered_once_and_the_loop_ca
     bootstrap: str, guarantee: str
 ) -> None:
     """Findings 2 and 9: the target's broker refuses one record for good (too large for its
-    max.message.bytes). It is dead-lettered once, pointing at the record delayapp consumed; under
-    exactly_once the transaction is aborted and redone, never reopening the loop; the next record
-    to the same target is delivered once."""
+    max.message.bytes). It is dead-lettered, pointing at the record delayapp consumed, never
+    reopening the loop; under exactly_once once, the transaction aborted and redone, and the next
+    record to the same target is delivered once (under at_least_once what was in flight or not
+    yet committed beside it may be written again, as after a crash)."""
     await needs_topic_configs(bootstrap)
     if guarantee == "exactly_once" and await broker_transactions(bootstrap) is not None:
         pytest.skip("the broker refuses transactions")
@@ -134,8 +135,17 @@ async def test_a_record_its_target_refuses_is_dead_lettered_once_and_the_loop_ca
             await p.stop()
         await wait_for(lambda: collector.on(target), 60, "the small record at its target")
         await wait_for(lambda: collector.on(f"{prefix}.dlq"), 30, "the refused record's dead letter")
-        assert [r.key for r in collector.on(target)] == [b"small"]
-        (dead,) = collector.on(f"{prefix}.dlq")
+        delivered, dead_letters = [r.key for r in collector.on(target)], collector.on(f"{prefix}.dlq")
+        if guarantee == "exactly_once":
+            assert delivered == [b"small"]
+            (dead,) = dead_letters
+        else:
+            # at_least_once: the refused write fails the writes in flight beside it, and those and
+            # the writes acknowledged since the loop's last commit are written again, as after a
+            # crash (docs/guarantees.md, "What a crash re-sends"): each at most once more here
+            assert set(delivered) == {b"small"} and len(delivered) <= 2, delivered
+            assert 1 <= len(dead_letters) <= 2, dead_letters
+            dead = dead_letters[0]
         assert dead.key == b"big" and h.header_value(dead.headers, h.DEAD_LETTER_REASON) == b"undeliverable"
         source = h.header_value(dead.headers, h.DEAD_LETTER_FROM).decode()
         assert source.startswith(f"{prefix}.") and not source.endswith("/-1/-1"), source

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message
 
 from delayapp.core import headers as h
+from delayapp.core.admission import LeanAdmitted
 from delayapp.core.clock import GuardedClock
-from delayapp.core.hop import LeanDelivery
+from delayapp.core.hop import LeanDelivery, LeanHop
 from delayapp.core.planner import Planner
 from delayapp.core.policies import DeadLetter, Reason
 from delayapp.engine.handler import Output, RecordHandler
@@ -33,7 +34,8 @@ class FixedClock:
 
     def __init__(self, now: int) -> None:
         self.now = now
-        self.guarded = GuardedClock(wall=lambda: self.now)
+        # its monotonic time moves with it: a LogAppendTime stamp read then dates the broker's clock
+        self.guarded = GuardedClock(wall=lambda: self.now, monotonic=lambda: float(self.now))
 
 
 def routed(offset: int, due: int, *, awake_at: int) -> Message:
@@ -62,7 +64,9 @@ def routed(offset: int, due: int, *, awake_at: int) -> Message:
 
 @pytest.fixture
 def make_tasks() -> Callable[..., tuple[Tasks, FixedClock]]:
-    def make(kind: type[Tasks] = DelayTasks, *, wants_targets: bool = False) -> tuple[Tasks, FixedClock]:
+    def make(
+        kind: type[Tasks] = DelayTasks, *, wants_targets: bool = False, hop_tick_ms: int = 0
+    ) -> tuple[Tasks, FixedClock]:
         clock = FixedClock(NOW)
         handler = RecordHandler(layout=LAYOUT, planner=Planner(SETTINGS.ladder), policy=build_policy(SETTINGS, LAYOUT))
         tasks = kind(
@@ -75,6 +79,7 @@ def make_tasks() -> Callable[..., tuple[Tasks, FixedClock]]:
             release_ahead=True,
             horizon_ms=None,
             wants_targets=wants_targets,
+            hop_tick_ms=hop_tick_ms,
         )
         return tasks, clock
 
@@ -93,6 +98,25 @@ def test_a_delay_record_waits_for_its_awake_at_then_is_delivered_lean(make_tasks
     ((key, entry, decided),) = batch
     assert key == KEY and entry.offset == 0 and isinstance(decided, LeanDelivery) and decided.topic == "sink"
     assert offsets == {KEY: (1, "")}
+
+
+def test_hops_wait_for_the_tick_and_are_taken_together_while_a_delivery_keeps_its_time(make_tasks) -> None:
+    tasks, clock = make_tasks(hop_tick_ms=500)
+    tasks.adopt(KEY, 0, None, now_s=0.0)
+    tasks.take(
+        [
+            routed(0, NOW + 30_000, awake_at=NOW + 120),  # not due when it wakes: a hop, at the tick
+            routed(1, NOW + 260, awake_at=NOW + 260),  # due when it wakes: delivered then
+            routed(2, NOW + 40_000, awake_at=NOW + 380),  # another hop of the same tick
+        ]
+    )
+    clock.now = NOW + 380  # both hops awake: neither taken before the tick, never early
+    ((_, entry, decided),) = tasks.decide(0.0)[0]
+    assert entry.offset == 1 and isinstance(decided, LeanDelivery)
+    clock.now = NOW + 500
+    batch = tasks.decide(0.0)[0]
+    assert [entry.offset for _, entry, _ in batch] == [0, 2]  # one batch: written together
+    assert all(isinstance(decided, LeanHop) for _, _, decided in batch)
 
 
 def test_a_record_refused_for_good_is_dead_lettered_on_the_redo_and_the_redo_is_careful(make_tasks) -> None:
@@ -162,3 +186,39 @@ def test_the_router_admits_an_ingress_record_at_once_and_names_its_target(make_t
     # its first hop, towards a due time a minute away (lean, or by the full path: a CreateTime record)
     topic = admitted[0].topic if isinstance(admitted, list) else admitted.topic
     assert topic in {LAYOUT.delay_topic(1_000), LAYOUT.delay_topic(60_000)}
+
+
+def ingress_record(offset: int, headers: list[tuple[str, bytes]], *, appended: int = NOW) -> Message:
+    """A record of the ingress as the broker appended it (LogAppendTime, at ``appended``)."""
+    return Message(
+        topic=LAYOUT.ingress,
+        partition=0,
+        offset=offset,
+        key=b"k",
+        value=b"v",
+        headers=[(h.REACTIVATE_TO_TOPIC, b"sink"), *headers],
+        timestamp=(TIMESTAMP_LOG_APPEND_TIME, appended),
+    )
+
+
+def test_the_router_takes_a_record_that_will_hop_at_the_tick_and_one_due_sooner_on_time(make_tasks) -> None:
+    tasks, clock = make_tasks(IngressTasks, hop_tick_ms=500)
+    key = (LAYOUT.ingress, 0)
+    tasks.adopt(key, 0, None, now_s=0.0)
+    clock.now = appended = NOW + 100
+    tasks.take(
+        [
+            ingress_record(0, [(h.DELAY_MS, b"60000")], appended=appended),  # hops: admitted at the tick
+            ingress_record(1, [(h.REACTIVATE_AT, str(NOW + 300).encode())], appended=appended),  # due before it
+            ingress_record(2, [(h.DELAY_MS, b"0")], appended=appended),  # due now: at once
+            # not plain: at once (the full path explains)
+            ingress_record(3, [(h.DELAY_MS, b"1"), (h.DELAY_MS, b"2")], appended=appended),
+        ]
+    )
+    assert sorted(entry.offset for _, entry, _ in tasks.decide(0.0)[0]) == [2, 3]
+    clock.now = NOW + 300
+    ((_, entry, decided),) = tasks.decide(0.0)[0]
+    assert entry.offset == 1  # taken when due: held or delivered then, never late
+    clock.now = NOW + 500
+    ((_, entry, admitted),) = tasks.decide(0.0)[0]
+    assert entry.offset == 0 and isinstance(admitted, LeanAdmitted)

@@ -74,12 +74,24 @@ def work():
     go.wait()
 threads = [threading.Thread(target=work) for _ in range(12)]
 for t in threads: t.start()
-arenas = 0
+# an arena's heap: anonymous mappings from an address aligned to ARENA_ALIGN that cover exactly
+# that much (what it uses, then what it reserves); a thread's stack may start aligned by chance
+anon = []
 with open("/proc/self/maps") as maps:
     for line in maps:
         fields = line.split()
-        if len(fields) == 5 and int(fields[0].split("-")[0], 16) % ARENA_ALIGN == 0:
-            arenas += 1
+        if len(fields) == 5:
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            anon.append((start, end))
+ends = dict(anon)
+arenas = 0
+for start, _ in anon:
+    if start % ARENA_ALIGN:
+        continue
+    reached = start
+    while reached in ends and reached < start + ARENA_ALIGN:
+        reached = ends[reached]
+    arenas += reached == start + ARENA_ALIGN
 go.set()
 for t in threads: t.join()
 print(applied, arenas)

@@ -318,16 +318,16 @@ class ChaosRun:
 
     # -- set-up ----------------------------------------------------------------------------
 
-    def _start_broker(self) -> str:
+    async def _start_broker(self) -> str:
         if self.config.broker:
-            self._start_worker_proxies()
+            await self._start_worker_proxies()
             return self.config.broker
         proxy_port = free_port()
         self.broker = EmbeddedBroker(advertised_port=proxy_port).start()
         self.proxy = CuttableProxy(proxy_port, self.broker.port).start()
         return f"127.0.0.1:{proxy_port}"
 
-    def _start_worker_proxies(self) -> None:
+    async def _start_worker_proxies(self) -> None:
         """A proxy per worker slot in front of the broker's listener for that slot, if the broker
         has them and advertises each proxy's address there; else no cuts, and why."""
         c = self.config
@@ -339,17 +339,20 @@ class ChaosRun:
         if missing := [slot for slot in range(c.workers) if slot not in by_slot]:
             self.no_cuts_reason = f"no listener for worker slots {missing}"
             return
-        security = client_settings(c.broker or "", c.security).librdkafka_connection()
-        del security["bootstrap.servers"]
-        if reason := probe_listeners(listeners, c.broker, security):
+        if reason := await probe_listeners(listeners, c.broker, c.security):
             self.no_cuts_reason = reason
             return
         for slot in range(c.workers):
             lst = by_slot[slot]
-            proxy = CuttableProxy(lst.proxy_port, lst.listener_port, upstream_host=lst.listener_host).start()
-            self.worker_proxies[slot] = proxy
-            connection = client_settings(lst.advertised, c.security).librdkafka_connection()
-            reason = probe_advertised(connection, lst.advertised)
+            proxy = CuttableProxy(lst.proxy_port, lst.listener_port, upstream_host=lst.listener_host)
+            try:
+                proxy.start()
+            except OSError as exc:  # the advertised port is taken: nothing but the proxy may listen there
+                proxy.stop()
+                reason = f"cannot listen on DELAYAPP_TEST_WORKER{slot}_ADVERTISED={lst.advertised} ({exc})"
+            else:
+                self.worker_proxies[slot] = proxy
+                reason = await probe_advertised(lst.advertised, lst.advertised, c.security)
             if reason is not None:
                 self.no_cuts_reason = reason
                 for started in self.worker_proxies.values():
@@ -664,7 +667,7 @@ class ChaosRun:
         """Run everything and always clean up processes."""
         forbid_topic_auto_creation()  # as the workers' app does: the harness's clients never create a topic either
         c = self.config
-        bootstrap = self._start_broker()
+        bootstrap = await self._start_broker()
         try:
             self.workers = [
                 WorkerProcess(self._worker_env(bootstrap, slot), name=f"{self.prefix}-w{slot}")

@@ -14,22 +14,31 @@ of a test broker"): the listener of worker slot ``n`` is named ``WORKER<n>``,
 * ``DELAYAPP_TEST_WORKER<n>_ADVERTISED=host:port``: the address that listener advertises (the proxy
   listens there; on this machine's loopback).
 
-:func:`worker_listeners` reads them and :func:`probe_advertised` asks the broker, through a
-slot's proxy, what it advertises there: a broker whose metadata names any other address would
-send the worker around the proxy, and the harness then runs without cuts, saying why.
+:func:`worker_listeners` reads them; :func:`probe_listeners` asks each listener, before its proxy
+runs, and :func:`probe_advertised` asks through each proxy what the broker advertises there: a
+broker whose metadata names any other address would send the worker around the proxy, and the
+harness then runs without cuts, saying why. Both read the answer on the connection they opened
+(:func:`listener_metadata`), never through a client that follows the advertised address.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.error import KafkaException
+from aiokafka.conn import create_conn
+from aiokafka.errors import KafkaError
+from aiokafka.protocol.metadata import MetadataRequest
+
+from delayapp.dev.chaos.procs import client_kwargs
 
 DOC = "docs/guarantees.md, Extra listeners of a test broker"
 PROBE_TIMEOUT_S = 10.0
+# a refused or timed-out connection (OSError), a broker or SASL error (KafkaError)
+PROBE_ERRORS = (OSError, KafkaError, asyncio.TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -79,56 +88,72 @@ def worker_listeners(workers: int, environ: dict[str, str] | None = None) -> lis
     return found
 
 
-def probe_advertised(connection: dict[str, Any], expected: str) -> str | None:
-    """None when every broker answering at ``connection`` (librdkafka properties whose bootstrap
-    is a slot's proxy) advertises ``expected`` there, so a client of that slot reaches the broker
-    only through the proxy; else why not."""
-    bootstrap = connection["bootstrap.servers"]
-    admin = AdminClient({**connection, "log_level": 3})
+async def listener_metadata(address: str, security: Mapping[str, str] | None = None) -> tuple[str | None, list[str]]:
+    """The cluster id and the broker addresses the broker answers on one connection to ``address``
+    (host:port; ``security``: delayapp's settings as ``DELAYAPP_*`` variables, SASL and TLS).
+
+    One connection, never redirected: a client library follows the metadata to the advertised
+    address (librdkafka since 2.10 drops its bootstrap connection as soon as the first answer names
+    the brokers, and re-sends a pending request there), where no proxy listens yet."""
+    address = address.split(",")[0].strip()  # a bootstrap list: its first broker
+    kwargs = client_kwargs(address, security)
+    del kwargs["bootstrap_servers"]
+    host, _, port = address.rpartition(":")
+
+    async def ask() -> Any:
+        conn = await create_conn(host.strip("[]"), int(port), request_timeout_ms=int(PROBE_TIMEOUT_S * 1000), **kwargs)
+        try:
+            return await conn.send(MetadataRequest([]))  # no topics: the brokers and the cluster id
+        finally:
+            conn.close()
+
+    response = await asyncio.wait_for(ask(), PROBE_TIMEOUT_S)
+    brokers = sorted(f"{b_host}:{b_port}" for _, b_host, b_port, *_ in response.brokers)
+    return getattr(response, "cluster_id", None), brokers
+
+
+async def probe_advertised(address: str, expected: str, security: Mapping[str, str] | None = None) -> str | None:
+    """None when the broker answering at ``address`` (a slot's proxy) advertises ``expected`` there
+    and nothing else, so a client of that slot reaches the broker only through the proxy; else why not."""
     try:
-        metadata = admin.list_topics(timeout=PROBE_TIMEOUT_S)
-    except KafkaException as exc:
-        return f"no metadata from {bootstrap} ({exc})"
-    brokers = sorted(f"{b.host}:{b.port}" for b in metadata.brokers.values())
+        _, brokers = await listener_metadata(address, security)
+    except PROBE_ERRORS as exc:
+        return f"no metadata through {address} ({_describe(exc)})"
     if brokers != [expected]:
         return (
-            f"the broker's listener behind {bootstrap} advertises {', '.join(brokers) or 'nothing'}, not {expected}: "
+            f"the broker's listener behind {address} advertises {', '.join(brokers) or 'nothing'}, not {expected}: "
             f"a worker would go around its proxy (one broker, one listener per worker: {DOC})"
         )
     return None
 
 
-def _metadata(connection: dict[str, Any], bootstrap: str) -> Any:
-    """The cluster's metadata as the broker at ``bootstrap`` answers it (librdkafka's logs off:
-    the advertised address may have nobody listening yet)."""
-    admin = AdminClient({**connection, "bootstrap.servers": bootstrap, "log_level": 0})
-    return admin.list_topics(timeout=PROBE_TIMEOUT_S)
-
-
-def probe_listeners(
-    listeners: list[WorkerListener], broker: str | None = None, security: dict[str, Any] | None = None
+async def probe_listeners(
+    listeners: list[WorkerListener], broker: str | None = None, security: Mapping[str, str] | None = None
 ) -> str | None:
     """None when the broker answers at every listener, advertises there the address named for
     it and, given ``broker`` (the harness's own bootstrap), belongs to that broker's cluster;
-    else why not. Asked of the listeners themselves, before any proxy runs (a client reads the
-    metadata on the connection it bootstrapped from; ``security``: librdkafka properties, SASL
-    and TLS)."""
-    connection = security or {}
+    else why not. Asked of the listeners themselves, before any proxy runs (``security``: as for
+    :func:`listener_metadata`)."""
     try:
-        cluster = _metadata(connection, broker).cluster_id if broker else None
-    except KafkaException as exc:
-        return f"no metadata from {broker} ({exc})"
+        cluster = (await listener_metadata(broker, security))[0] if broker else None
+    except PROBE_ERRORS as exc:
+        return f"no metadata from {broker} ({_describe(exc)})"
     for lst in listeners:
+        name = f"DELAYAPP_TEST_WORKER{lst.slot}_BROKER={lst.listener}"
         try:
-            metadata = _metadata(connection, lst.listener)
-        except KafkaException as exc:
-            return f"DELAYAPP_TEST_WORKER{lst.slot}_BROKER={lst.listener}: no answer ({exc})"
-        if cluster is not None and metadata.cluster_id != cluster:
-            return f"DELAYAPP_TEST_WORKER{lst.slot}_BROKER={lst.listener} is not a listener of the cluster at {broker}"
-        brokers = sorted(f"{b.host}:{b.port}" for b in metadata.brokers.values())
+            cluster_id, brokers = await listener_metadata(lst.listener, security)
+        except PROBE_ERRORS as exc:
+            return f"{name}: no answer ({_describe(exc)})"
+        if cluster is not None and cluster_id != cluster:
+            return f"{name} is not a listener of the cluster at {broker}"
         if brokers != [lst.advertised]:
             return (
-                f"DELAYAPP_TEST_WORKER{lst.slot}_BROKER={lst.listener} advertises {', '.join(brokers) or 'nothing'}, "
+                f"{name} advertises {', '.join(brokers) or 'nothing'}, "
                 f"not DELAYAPP_TEST_WORKER{lst.slot}_ADVERTISED={lst.advertised} ({DOC})"
             )
     return None
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception as ``Type: message`` (a timeout's message is empty)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else f"{type(exc).__name__} after {PROBE_TIMEOUT_S:.0f} s"
