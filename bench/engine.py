@@ -29,6 +29,7 @@ from delayapp.dev.chaos.procs import TopicCollector, WorkerProcess, embedded_bro
 from delayapp.engine.bootstrap import bootstrap_topics
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.loop import HopLoop
+from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.service import RELEASE_FREED_S, build_policy, tune_collector
 from delayapp.settings import load_settings
 from delayapp.statestore.memory import resident_split
@@ -247,9 +248,43 @@ async def lateness_under_skew(
             sink_configs={"message.timestamp.type": "LogAppendTime"},
         ) as target:
             result = await offer(target, rate, seconds)
+            if result["missing"]:
+                result["missing_found"] = await whereabouts(bootstrap, target.ingress.removesuffix(".ingress"), result)
             # a broker that ignores LogAppendTime (the embedded one) neither guards the clock nor stamps the target
             results.append({"offset_ms": offset, "clock_measured": "broker clock: measured" in target.log(), **result})
     return results
+
+
+async def whereabouts(bootstrap: str, prefix: str, result: dict) -> list[str]:
+    """Where the records a run never collected (``result["missing"]``, keyed by their id) are in
+    the topics of ``prefix``, read uncommitted from the beginning: each copy's topic, partition,
+    offset, timestamp and headers, so that a run that lost sight of a record says where it was
+    last written (a delay topic it never left, the dead letters, the target itself)."""
+    wanted = {ident.encode() for ident in result["missing"]}
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    found: list[str] = []
+    try:
+        partitions = await topic_partitions(consumer, [t for t in await consumer.topics() if t.startswith(prefix)])
+        tps = [TopicPartition(t, p) for t, ps in partitions.items() for p in sorted(ps)]
+        if not tps:
+            return []
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        # read until nothing more comes: the embedded broker's end offsets can be wrong
+        deadline, quiet = time.monotonic() + 60, 0
+        while time.monotonic() < deadline and quiet < 3:
+            fetched = await consumer.getmany(timeout_ms=500, max_records=10_000)
+            quiet = 0 if fetched else quiet + 1
+            for tp, records in fetched.items():
+                found.extend(
+                    f"{tp.topic}[{tp.partition}]@{r.offset} ts {r.timestamp} {[(n, v[:100]) for n, v in r.headers]}"
+                    for r in records
+                    if r.key in wanted
+                )
+    finally:
+        await consumer.stop()
+    return found
 
 
 async def saturation_rate(bootstrap: str, *, quick: bool, ladder: str = "100ms,1s,5s", external: bool = False) -> dict:

@@ -25,6 +25,7 @@ from delayapp.core.clock import now_ms
 KEPT_UP_P99_MS = 1_000
 # Past the last due time, how long a step waits for stragglers before it counts them as lost.
 DRAIN_S = 60.0
+MISSING_NAMED = 10  # records never collected that a summary names
 
 # (key, value, headers) of the i-th record of a step, due at epoch ms ``due``
 MakeRecord = Callable[[bytes, int], tuple[bytes | None, bytes, list[tuple[str, bytes]]]]
@@ -199,6 +200,8 @@ def summary(collector: Collector, due_of: dict[bytes, int]) -> dict:
         "seen_p50": percentile(seen_late, 0.5),
         "seen_p99": percentile(seen_late, 0.99),
         "p99_by_second": [percentile(by_second.get(i, []), 0.99) for i in range(max(by_second, default=-1) + 1)],
+        # the first few never collected, to look for where the scheduler left them
+        "missing": sorted(i.decode(errors="replace") for i in due_of if i not in collector.seen)[:MISSING_NAMED],
     }
 
 

@@ -33,6 +33,7 @@ from delayapp.core.clock import now_ms
 from delayapp.core.layout import DAY_MS
 from delayapp.core.malformed import NO_KEY
 from delayapp.core.policies import CREATE_TIME
+from delayapp.engine.capabilities import SLEEPING_FETCH_WAIT_MS
 from delayapp.engine.metadata import topic_partitions
 from delayapp.engine.records import ConsumedRecord
 from delayapp.engine.stats import MALFORMED_RECORDS
@@ -45,9 +46,21 @@ __all__ = ["DAY_MS", "CancelRegistry"]
 class CancelRegistry(Service):
     """Tails ``topic`` and answers :meth:`get` (the live cancellation of a record id, if any)."""
 
-    def __init__(self, *, topic: str, kafka_client_kwargs: dict[str, Any], keep_ms: int, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        topic: str,
+        kafka_client_kwargs: dict[str, Any],
+        keep_ms: int,
+        fetch_wait_ms: int = SLEEPING_FETCH_WAIT_MS,
+        **kwargs: Any,
+    ) -> None:
+        """``fetch_wait_ms``: the longest its fetch waits for a cancel (the engine sets the
+        loops' own before it starts: long where the broker answers a waiting fetch as a
+        cancel arrives, so an idle tail costs the broker a request a wait, not a cancel's latency)."""
         super().__init__(**kwargs)
         self.topic = topic
+        self.fetch_wait_ms = fetch_wait_ms
         self.kafka_client_kwargs = kafka_client_kwargs
         self._keep_ms = keep_ms
         self._cancels = CancelTable()
@@ -66,7 +79,7 @@ class CancelRegistry(Service):
 
     async def on_start(self) -> None:
         self._consumer = AIOKafkaConsumer(
-            **self.kafka_client_kwargs, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=200
+            **self.kafka_client_kwargs, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=self.fetch_wait_ms
         )
         await self._consumer.start()
         partitions = (await topic_partitions(self._consumer, [self.topic])).get(self.topic, set())

@@ -223,7 +223,10 @@ class DelayEngine(Service):
                 "due times use this worker's clock alone",
                 self.layout.clock,
             )
+        # Apache Kafka answers a waiting fetch when data arrives; the embedded broker does not
+        waits = fetch_wait_ms(s, wakes_waiting_fetches=groups.apache_kafka_like)
         # Loops start only once every cancellation already written is known.
+        self.cancellations.fetch_wait_ms = waits
         await self.add_runtime_dependency(self.cancellations)
         await asyncio.wait_for(self.cancellations.caught_up.wait(), timeout=120)
         audit, states = (self.layout.audit, self.layout.record_states) if s.audit_enabled else (None, None)
@@ -239,8 +242,7 @@ class DelayEngine(Service):
                 commit_metadata_kept=metadata_kept,
                 settle_before_leaving=not groups.apache_kafka_like,
                 membership=membership,
-                # Apache Kafka answers a waiting fetch when data arrives; the embedded broker does not
-                fetch_wait_ms=fetch_wait_ms(s, wakes_waiting_fetches=groups.apache_kafka_like),
+                fetch_wait_ms=waits,
             ),
             # every loop can deliver: each re-checks that targets exist (shared, cached list)
             before_decide=self.known_topics.ensure if s.check_target_exists else None,

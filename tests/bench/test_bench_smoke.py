@@ -48,7 +48,10 @@ def test_bench_quick_run_writes_well_formed_json(tmp_path, bootstrap: str) -> No
         assert run["early"] == 0 and run["delivered"] == run["sent"] > 0, run
     assert len(data["lateness"]) == 2  # at 1,000 rec/s and at half the saturation rate
     for run in data["skew"]:  # never early by the broker's clock, where the broker lets the worker read it
-        assert run["delivered"] == run["sent"] > 0 and (run["early"] == 0 or not run["clock_measured"]), run
+        assert run["delivered"] == run["sent"] > 0 and (run["early"] == 0 or not run["clock_measured"]), (
+            run["missing"],
+            run.get("missing_found"),
+        )
     assert "| figure" in result.stdout.decode()
 
 

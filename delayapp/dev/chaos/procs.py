@@ -17,10 +17,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from delayapp.dev.embedded_broker import free_port
+from delayapp.engine.metadata import topic_partitions
 from delayapp.settings import Settings, load_settings
 
 
@@ -109,9 +110,8 @@ class TopicCollector:
     _consumer: AIOKafkaConsumer | None = None
 
     async def start(self) -> TopicCollector:
-        """Subscribe and start collecting (the topics must exist)."""
+        """Assign every partition of the topics (which must exist) and start collecting."""
         self._consumer = AIOKafkaConsumer(
-            *self.topics,
             **client_kwargs(self.bootstrap, self.security),
             group_id=None,
             auto_offset_reset="earliest",
@@ -120,8 +120,27 @@ class TopicCollector:
             request_timeout_ms=60_000,
         )
         await self._consumer.start()
+        partitions = await self._partitions(self._consumer)
+        self._consumer.assign([TopicPartition(t, p) for t in self.topics for p in sorted(partitions[t])])
         self._task = asyncio.create_task(self._run())
         return self
+
+    async def _partitions(self, consumer: AIOKafkaConsumer, timeout: float = 30.0) -> dict[str, set[int]]:
+        """Every topic's partitions, asked until each broker asked knows them all. Why not a
+        subscription: a topic just created is known to the broker that created it before the
+        others, and a consumer subscribed through one that does not know it yet fails to start
+        (aiokafka: UnknownTopicOrPartitionError) or reads nothing until ``metadata.max.age.ms``
+        (5 min) has passed; assigned partitions whose leader is not known yet are looked up again
+        by the fetcher."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = await topic_partitions(consumer, self.topics)
+            missing = sorted(set(self.topics) - found.keys())
+            if not missing:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"topics {missing} not in the cluster's metadata within {timeout:.0f} s")
+            await asyncio.sleep(0.2)
 
     async def _run(self) -> None:
         assert self._consumer is not None
