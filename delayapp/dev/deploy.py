@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 import aiohttp
@@ -129,6 +129,22 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} ms"
 
 
+def _earliest(deliveries: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Each id's earliest time among ``deliveries`` (id, epoch ms): its first copy's."""
+    first: dict[str, int] = {}
+    for record_id, at in deliveries:
+        first[record_id] = min(at, first.get(record_id, at))
+    return first
+
+
+def _lateness(first: dict[str, int], due: dict[str, int], counted: Callable[[int], bool]) -> list[int]:
+    """The lateness (ms, 0 at the least), ascending, of the ids in ``first`` whose due time is
+    ``counted``."""
+    return sorted(
+        max(0, at - due[record_id]) for record_id, at in first.items() if record_id in due and counted(due[record_id])
+    )
+
+
 def summarize(
     *,
     guarantee: str,
@@ -147,21 +163,12 @@ def summarize(
     to last worker serving): the first delivery of an id is the one its lateness is taken from;
     ``seen``: each delivery as (id, when a read_committed reader got it), for the lateness that
     reader sees."""
-    first: dict[str, int] = {}
-    copies: Counter[str] = Counter()
-    for record_id, appended in delivered:
-        copies[record_id] += 1
-        first[record_id] = min(appended, first.get(record_id, appended))
-    first_seen: dict[str, int] = {}
-    for record_id, arrived in seen:
-        first_seen[record_id] = min(arrived, first_seen.get(record_id, arrived))
+    delivered = list(delivered)
+    copies = Counter(record_id for record_id, _ in delivered)
+    first = _earliest(delivered)
     early = sum(1 for record_id, appended in first.items() if record_id in due and appended < due[record_id])
     start, end = window
-    late = sorted(
-        max(0, appended - due[record_id])
-        for record_id, appended in first.items()
-        if record_id in due and start <= due[record_id] <= end
-    )
+    late = _lateness(first, due, lambda at: start <= at <= end)
     return DeployResult(
         guarantee=guarantee,
         workers=workers,
@@ -176,26 +183,12 @@ def summarize(
         max_ms=late[-1] if late else None,
         late_share=sum(1 for ms in late if ms > LATE_MS) / len(late) if late else 0.0,
         deploy_s=(end - start) / 1000,
-        p99_after_ms=percentile(
-            sorted(
-                max(0, appended - due[record_id])
-                for record_id, appended in first.items()
-                if record_id in due and due[record_id] >= end + SETTLED_AFTER_MS
-            ),
-            0.99,
-        ),
+        p99_after_ms=percentile(_lateness(first, due, lambda at: at >= end + SETTLED_AFTER_MS), 0.99),
         reopened=reopened,
         protocols=sorted(set(protocols)),
         exited=exited,
         replaced=replaced,
-        p99_seen_ms=percentile(
-            sorted(
-                max(0, arrived - due[record_id])
-                for record_id, arrived in first_seen.items()
-                if record_id in due and start <= due[record_id] <= end
-            ),
-            0.99,
-        ),
+        p99_seen_ms=percentile(_lateness(_earliest(seen), due, lambda at: start <= at <= end), 0.99),
     )
 
 

@@ -132,15 +132,14 @@ class TopicCollector:
         (aiokafka: UnknownTopicOrPartitionError) or reads nothing until ``metadata.max.age.ms``
         (5 min) has passed; assigned partitions whose leader is not known yet are looked up again
         by the fetcher."""
-        deadline = time.monotonic() + timeout
-        while True:
+        if not self.topics:  # nothing to wait for (and wait_for takes an empty answer for "not yet")
+            return {}
+
+        async def known() -> dict[str, set[int]] | None:
             found = await topic_partitions(consumer, self.topics)
-            missing = sorted(set(self.topics) - found.keys())
-            if not missing:
-                return found
-            if time.monotonic() > deadline:
-                raise AssertionError(f"topics {missing} not in the cluster's metadata within {timeout:.0f} s")
-            await asyncio.sleep(0.2)
+            return found if set(self.topics) <= found.keys() else None
+
+        return await wait_for(known, timeout, f"topics {sorted(self.topics)} in the cluster's metadata", interval=0.2)
 
     async def _run(self) -> None:
         assert self._consumer is not None
