@@ -341,10 +341,13 @@ class Settings(BaseSettings):
         "(one idle that long commits at once) and at the latest this long after it began; deliveries become "
         "visible to read_committed readers at its end, so this is also what it may add to their lateness (duration)",
     )
-    # 1 s: a commit per second per loop instead of one per drain point (a few per record at moderate
-    # rates); a worker that dies re-sends at most what it wrote in the last second and what was in flight
+    # 2 s: a commit every 2 s per loop instead of one per drain point (a few per record at moderate
+    # rates), and the loop's steps written to the audit and record-states with it (a request per
+    # partition of each): 1 s -> 2 s took about 0.15 of 3.48 requests a record at 100 records/s
+    # (docs/benchmarks.md). A worker that dies re-sends at most what it wrote in the last 2 s and
+    # what was in flight (Kafka Streams commits every 30 s under at-least-once)
     offset_commit_interval: int = Field(
-        1_000,
+        2_000,
         ge=0,
         description="at_least_once: a loop commits the offsets of what was written and acknowledged at most this "
         "often (0: at every point where its writes are acknowledged); a worker that dies without a clean stop "

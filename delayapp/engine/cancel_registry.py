@@ -55,9 +55,10 @@ class CancelRegistry(Service):
         fetch_wait_ms: int = SLEEPING_FETCH_WAIT_MS,
         **kwargs: Any,
     ) -> None:
-        """``fetch_wait_ms``: the longest its fetch waits for a cancel (the engine sets the
-        loops' own before it starts: long where the broker answers a waiting fetch as a
-        cancel arrives, so an idle tail costs the broker a request a wait, not a cancel's latency)."""
+        """``fetch_wait_ms``: the longest its fetch waits for a cancel (the engine sets it before
+        it starts, :func:`delayapp.engine.capabilities.steady_reader_fetch_wait_ms`: long where
+        the broker answers a waiting fetch as a cancel arrives, so an idle tail costs the broker
+        a request a wait, not a cancel's latency)."""
         super().__init__(**kwargs)
         self.topic = topic
         self.fetch_wait_ms = fetch_wait_ms

@@ -19,6 +19,11 @@ from delayapp.settings import GroupProtocol, Settings
 WAKING_FETCH_WAIT_MS = 500
 #: where it does not (the embedded broker): the wait is then what a hop takes, p50 a quarter of it
 SLEEPING_FETCH_WAIT_MS = 100
+#: how long a reader without a group that reads every partition of its topic and never pauses
+#: one (the cancellations) waits where the broker answers a waiting fetch as data arrives:
+#: nothing of it is resumed or handed over behind a waiting fetch, so the wait costs no
+#: latency, only a request a wait (at the loops' 500 ms it asked twice a second with nothing to read)
+STEADY_READER_FETCH_WAIT_MS = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,3 +60,13 @@ def fetch_wait_ms(settings: Settings, *, wakes_waiting_fetches: bool) -> int:
     if settings.fetch_max_wait_ms >= 0:
         return settings.fetch_max_wait_ms
     return WAKING_FETCH_WAIT_MS if wakes_waiting_fetches else SLEEPING_FETCH_WAIT_MS
+
+
+def steady_reader_fetch_wait_ms(settings: Settings, *, wakes_waiting_fetches: bool) -> int:
+    """The longest the fetch of a reader such as the cancellations' waits:
+    ``DELAYAPP_FETCH_MAX_WAIT_MS`` where set, else :data:`STEADY_READER_FETCH_WAIT_MS` on a broker
+    that answers a waiting fetch as soon as data arrives and :data:`SLEEPING_FETCH_WAIT_MS` on one
+    that does not (there the wait is how late a cancel is read)."""
+    if settings.fetch_max_wait_ms >= 0:
+        return settings.fetch_max_wait_ms
+    return STEADY_READER_FETCH_WAIT_MS if wakes_waiting_fetches else SLEEPING_FETCH_WAIT_MS

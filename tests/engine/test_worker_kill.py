@@ -17,12 +17,14 @@ from delayapp.dev.chaos.procs import client_settings
 from delayapp.dev.deploy import DeployConfig, WorkerKill
 from delayapp.engine.bootstrap import probe_groups
 from delayapp.engine.committer import DRAIN_BY_MS
+from delayapp.settings import load_settings
 from tests.support.kafka import broker_transactions
 
 pytestmark = pytest.mark.integration
 
 RATE = 200
-COMMIT_INTERVAL_MS = 1_000
+#: the default cadence: the bound the docs give (docs/guarantees.md: What a crash re-sends)
+COMMIT_INTERVAL_MS = load_settings().offset_commit_interval
 #: the loops one record passes through at most with delays of 2-12 s on the default ladder: the
 #: router, then at most four delay topics (planned again at each hop)
 LOOPS_PER_RECORD = 5
@@ -45,7 +47,6 @@ async def test_a_killed_workers_successor_re_sends_at_most_the_commit_cadences_w
         rate=RATE,
         warm_s=8.0,
         after_s=5.0,
-        env={"DELAYAPP_OFFSET_COMMIT_INTERVAL": str(COMMIT_INTERVAL_MS)},
     )
     result = await WorkerKill(config).run()
     print(result.line())
