@@ -26,7 +26,9 @@ import pytest
 from delayapp.dev.deploy import BrokerKill, Cluster, DeployConfig, RollingRestart
 from tests.support.kafka import broker_transactions
 
-pytestmark = pytest.mark.integration
+# a rolling restart of three brokers on a small machine takes 4-5 minutes (each broker stopped,
+# started and caught up in over a minute, then 45 s of records after): past pytest's 300 s
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 ROLLING_P99_MS = 250
 SETTLED_P99_MS = 100
