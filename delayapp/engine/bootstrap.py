@@ -194,12 +194,25 @@ async def list_retired_topics(settings: Settings, layout: TopicLayout) -> list[s
         await admin.close()
 
 
+class _RefusalSaidOnce(logging.Filter):
+    """aiokafka's own ERROR line for an InitProducerId the broker refused, demoted to DEBUG while
+    the transactions probe runs: the probe says what it found in one line of its own, so a broker
+    without transactions (the embedded one) is not reported as an error before the first record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and record.getMessage().startswith("Unexpected error during InitProducerId"):
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return True
+
+
 async def probe_transactions(settings: Settings, *, required: bool) -> bool:
     """Say in the log whether the broker runs transactions; refuse exactly_once without them."""
     producer = AIOKafkaProducer(
         **settings.kafka_client_kwargs(),
         transactional_id=f"{settings.topic_prefix}.probe.{settings.worker_instance_id}",
     )
+    sender_log, quiet = logging.getLogger("aiokafka.producer.sender"), _RefusalSaidOnce()
+    sender_log.addFilter(quiet)
     try:
         await asyncio.wait_for(producer.start(), timeout=15)
     except Exception as exc:
@@ -215,6 +228,7 @@ async def probe_transactions(settings: Settings, *, required: bool) -> bool:
         return False
     finally:
         await producer.stop()
+        sender_log.removeFilter(quiet)
     if required:
         log.info(
             "broker capability: transactions available; exactly_once hops enabled (readers must use read_committed)"
