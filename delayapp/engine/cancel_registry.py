@@ -56,7 +56,7 @@ class CancelRegistry(Service):
         **kwargs: Any,
     ) -> None:
         """``fetch_wait_ms``: the longest its fetch waits for a cancel (the engine sets it before
-        it starts, :func:`delayapp.engine.capabilities.steady_reader_fetch_wait_ms`: long where
+        it starts, :func:`delayapp.engine.capabilities.fetch_wait_ms` with its own ``waking_ms``: long where
         the broker answers a waiting fetch as a cancel arrives, so an idle tail costs the broker
         a request a wait, not a cancel's latency)."""
         super().__init__(**kwargs)

@@ -52,21 +52,12 @@ class BrokerCapabilities:
     fetch_wait_ms: int = SLEEPING_FETCH_WAIT_MS
 
 
-def fetch_wait_ms(settings: Settings, *, wakes_waiting_fetches: bool) -> int:
+def fetch_wait_ms(settings: Settings, *, wakes_waiting_fetches: bool, waking_ms: int = WAKING_FETCH_WAIT_MS) -> int:
     """The longest a loop's fetch waits for data: ``DELAYAPP_FETCH_MAX_WAIT_MS`` where set, else
     :data:`WAKING_FETCH_WAIT_MS` on a broker that answers a waiting fetch as soon as data arrives
     (Apache Kafka: an idle consumer asks each broker twice a second, not ten times) and
-    :data:`SLEEPING_FETCH_WAIT_MS` on one that does not."""
+    :data:`SLEEPING_FETCH_WAIT_MS` on one that does not. ``waking_ms``: a reader's own wait where
+    the broker wakes it (the cancellations': :data:`STEADY_READER_FETCH_WAIT_MS`)."""
     if settings.fetch_max_wait_ms >= 0:
         return settings.fetch_max_wait_ms
-    return WAKING_FETCH_WAIT_MS if wakes_waiting_fetches else SLEEPING_FETCH_WAIT_MS
-
-
-def steady_reader_fetch_wait_ms(settings: Settings, *, wakes_waiting_fetches: bool) -> int:
-    """The longest the fetch of a reader such as the cancellations' waits:
-    ``DELAYAPP_FETCH_MAX_WAIT_MS`` where set, else :data:`STEADY_READER_FETCH_WAIT_MS` on a broker
-    that answers a waiting fetch as soon as data arrives and :data:`SLEEPING_FETCH_WAIT_MS` on one
-    that does not (there the wait is how late a cancel is read)."""
-    if settings.fetch_max_wait_ms >= 0:
-        return settings.fetch_max_wait_ms
-    return STEADY_READER_FETCH_WAIT_MS if wakes_waiting_fetches else SLEEPING_FETCH_WAIT_MS
+    return waking_ms if wakes_waiting_fetches else SLEEPING_FETCH_WAIT_MS

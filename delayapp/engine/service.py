@@ -40,7 +40,7 @@ from delayapp.engine.bootstrap import (
     set_group_configs,
 )
 from delayapp.engine.cancel_registry import DAY_MS, CancelRegistry
-from delayapp.engine.capabilities import BrokerCapabilities, fetch_wait_ms, steady_reader_fetch_wait_ms
+from delayapp.engine.capabilities import STEADY_READER_FETCH_WAIT_MS, BrokerCapabilities, fetch_wait_ms
 from delayapp.engine.groups import choose_membership
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.known_topics import KnownTopics
@@ -226,8 +226,8 @@ class DelayEngine(Service):
         # Apache Kafka answers a waiting fetch when data arrives; the embedded broker does not
         waits = fetch_wait_ms(s, wakes_waiting_fetches=groups.apache_kafka_like)
         # Loops start only once every cancellation already written is known.
-        self.cancellations.fetch_wait_ms = steady_reader_fetch_wait_ms(
-            s, wakes_waiting_fetches=groups.apache_kafka_like
+        self.cancellations.fetch_wait_ms = fetch_wait_ms(
+            s, wakes_waiting_fetches=groups.apache_kafka_like, waking_ms=STEADY_READER_FETCH_WAIT_MS
         )
         await self.add_runtime_dependency(self.cancellations)
         await asyncio.wait_for(self.cancellations.caught_up.wait(), timeout=120)

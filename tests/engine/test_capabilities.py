@@ -9,7 +9,6 @@ from delayapp.engine.capabilities import (
     STEADY_READER_FETCH_WAIT_MS,
     WAKING_FETCH_WAIT_MS,
     fetch_wait_ms,
-    steady_reader_fetch_wait_ms,
 )
 from delayapp.settings import load_settings
 
@@ -26,11 +25,11 @@ def test_waits_follow_whether_the_broker_answers_a_waiting_fetch_as_data_arrives
 ) -> None:
     settings = load_settings()
     assert fetch_wait_ms(settings, wakes_waiting_fetches=wakes) == loop
-    assert steady_reader_fetch_wait_ms(settings, wakes_waiting_fetches=wakes) == reader
+    assert fetch_wait_ms(settings, wakes_waiting_fetches=wakes, waking_ms=STEADY_READER_FETCH_WAIT_MS) == reader
 
 
 @pytest.mark.parametrize("wakes", [True, False])
 def test_the_operators_fetch_wait_binds_every_reader(wakes: bool) -> None:
     settings = load_settings(fetch_max_wait_ms=250)
     assert fetch_wait_ms(settings, wakes_waiting_fetches=wakes) == 250
-    assert steady_reader_fetch_wait_ms(settings, wakes_waiting_fetches=wakes) == 250
+    assert fetch_wait_ms(settings, wakes_waiting_fetches=wakes, waking_ms=STEADY_READER_FETCH_WAIT_MS) == 250
