@@ -79,6 +79,14 @@ class ClassicAssignor(str, enum.Enum):
     COOPERATIVE_STICKY = "cooperative-sticky"  # incremental (KIP-429): only what moves stops, in two rounds
 
 
+class TakeoverFence(str, enum.Enum):
+    """Whether a worker, at start, skips the steps another cluster already took (:mod:`delayapp.core.takeover`)."""
+
+    AUTO = "auto"  # where it takes over: the loops' groups have commits but no worker ever probed this cluster's clock
+    ALWAYS = "always"  # at every start (also after a crash or an offset reset)
+    NEVER = "never"
+
+
 class OnMalformed(str, enum.Enum):
     """What a reader does with a record it cannot use (:mod:`delayapp.core.malformed`)."""
 
@@ -287,6 +295,34 @@ class Settings(BaseSettings):
         True,
         description="release due records queued behind a head that is not due "
         "(released offsets kept in commit metadata)",
+    )
+    takeover_fence: TakeoverFence = Field(
+        TakeoverFence.AUTO,
+        description="at start, find the records between each loop's commit and its partition's end whose next "
+        "step another cluster already took (a copy further along on the next delay topic, or a final state in "
+        "record-states) and skip them: after a failover to a mirror, the translated offsets sit behind the "
+        "primary's commits; auto: where the loops' groups have commits and the clock topic has no worker's "
+        "probe (a cluster delayapp never ran on); always; never (docs/disaster-recovery.md)",
+    )
+    mirror_broker: str = Field(
+        "",
+        description="bootstrap servers of the cluster MirrorMaker 2 copies this deployment to: the worker "
+        "measures the mirror's lag (the records a failover now would lose or read again) every "
+        "DELAYAPP_MIRROR_LAG_INTERVAL, for its metrics and GET /ready (docs/disaster-recovery.md); empty: none",
+    )
+    mirror_topic_prefix: str = Field(
+        "",
+        description="the prefix of delayapp's topics on the mirror (MirrorMaker 2's prefixed policy: "
+        "<source alias>.<prefix>); empty: the same names (the identity policy)",
+    )
+    mirror_lag_interval: int = Field(
+        30_000, ge=1_000, description="how often the mirror's lag is measured, where a mirror is named (duration)"
+    )
+    takeover_scan_limit: int = Field(
+        2_000_000,
+        ge=0,
+        description="the most records the takeover fence reads to find later copies; past it, the records "
+        "not cleared are moved as usual (perhaps twice) and the log says how many",
     )
     liveness_threshold: int = Field(
         30_000,

@@ -218,6 +218,15 @@ def delay_group_id(app_id: str, prefix: str, topic: str) -> str:
     return f"{app_id}.{topic.removeprefix(prefix + '.')}"
 
 
+def loop_groups(app_id: str, layout: TopicLayout) -> dict[str, list[str]]:
+    """Each record loop's consumer group and the topics it reads: the router's the ingress, each
+    denomination's its delay topic and priority lane."""
+    groups = {f"{app_id}.router": [layout.ingress]}
+    for denomination, topic in layout.delay_topics.items():
+        groups[delay_group_id(app_id, layout.prefix, topic)] = [topic, layout.priority_topics[denomination]]
+    return groups
+
+
 def earlier_default_ladder(layout: TopicLayout, retired: list[str]) -> str | None:
     """The earlier default ladder (:data:`delayapp.core.ladder.EARLIER_DEFAULT_LADDERS`) whose
     delay topics of this prefix include every one of ``retired``, if any: a deployment created on

@@ -423,7 +423,7 @@ class PartitionState:
             self._bits_base += 8 * start
             index, start = index & 7, 0
         end = ((self._bits_top - self._bits_base) >> 3) + 1
-        return encode_bitmap(int.from_bytes(self._bits[start:end], "little") >> (index & 7))
+        return encode_bitmap(int.from_bytes(self._bits[start:end], "little") >> (index & 7), position)
 
     def committed_to(self, offset: int, metadata: str) -> None:
         """Record a successful commit (the point a rewind returns to)."""

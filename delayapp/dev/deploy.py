@@ -24,14 +24,16 @@ import random
 import re
 import signal
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import aiohttp
 from aiokafka import AIOKafkaProducer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayapp.core import headers as h
 from delayapp.core.clock import now_ms
@@ -77,6 +79,8 @@ class DeployConfig:
     #: bytes of each record's value (the cost section's bytes per delivered byte wants a realistic
     #: size); 0: the two bytes ``{}``
     value_bytes: int = 0
+    #: also run :class:`Relay` beside the workers: the cluster's own write-to-read latency meanwhile
+    reference: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,9 @@ class DeployResult:
     #: lateness p99 as a read_committed reader sees it: when the harness's reader got the record
     #: (under exactly_once, at its transaction's end), not when the broker appended it (None: not read)
     p99_seen_ms: float | None = None
+    #: the reference beside the run (:class:`Relay`): a plain producer and consumer at the same
+    #: rate on a topic of their own, write to read p99 during the window (None: not run)
+    reference_p99_ms: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -122,6 +129,11 @@ class DeployResult:
             f"twice {self.twice}, loops reopened {self.reopened}, producers replaced {self.replaced}, "
             f"workers exited {self.exited}"
             + (f"; due {SETTLED_AFTER_MS // 1000} s after: p99 {_ms(self.p99_after_ms)}" if self.p99_after_ms else "")
+            + (
+                f"; a plain relay beside it, write to read p99 meanwhile {_ms(self.reference_p99_ms)}"
+                if self.reference_p99_ms is not None
+                else ""
+            )
         )
 
 
@@ -190,6 +202,79 @@ def summarize(
         replaced=replaced,
         p99_seen_ms=percentile(_lateness(_earliest(seen), due, lambda at: start <= at <= end), 0.99),
     )
+
+
+class Relay:
+    """The reference beside a run: records at ``rate`` a second written (idempotent, acks=all)
+    to a topic of their own and read back by a plain consumer, no delayapp: the cluster's own
+    write-to-read latency while the run moves its brokers (what no delivery can beat)."""
+
+    def __init__(self, bootstrap: str, rate: int, *, replication: int, partitions: int = 4) -> None:
+        self.bootstrap, self.rate, self.replication, self.partitions = bootstrap, rate, replication, partitions
+        self.topic = unique("relay")
+        self.latency: list[tuple[int, int]] = []  # (sent at, write to read ms)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> Relay:
+        """Create the topic, start writing and reading (threads)."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        spec = NewTopic(
+            self.topic,
+            self.partitions,
+            self.replication,
+            config={"min.insync.replicas": "2"} if self.replication > 2 else {},
+        )
+        admin.create_topics([spec])[self.topic].result(30)
+        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._write, self._read)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def _write(self) -> None:
+        producer = Producer(
+            {"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5}
+        )
+        n, started = 0, time.monotonic()
+        while not self._stop.is_set():
+            n += 1
+            producer.produce(self.topic, key=str(n).encode(), value=str(now_ms()).encode())
+            producer.poll(0)
+            pause = started + n / self.rate - time.monotonic()
+            if pause > 0:
+                self._stop.wait(pause)
+        producer.flush(10)
+
+    def _read(self) -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.topic,
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 100,
+            }
+        )
+        consumer.subscribe([self.topic])
+        try:
+            while not self._stop.is_set():
+                for message in consumer.consume(500, 0.2):
+                    value = message.value()
+                    if message.error() is None and value:
+                        sent = int(value)
+                        self.latency.append((sent, now_ms() - sent))
+        finally:
+            consumer.close()
+
+    def stop(self) -> None:
+        """Stop writing and reading."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def p99(self, window: tuple[int, int]) -> float | None:
+        """Write-to-read p99 (ms) of the records written within ``window`` (epoch ms)."""
+        start, end = window
+        return percentile(sorted(ms for sent, ms in self.latency if start <= sent <= end), 0.99)
 
 
 class RollingDeploy:
@@ -320,12 +405,15 @@ class RollingDeploy:
         ]
         collector: TopicCollector | None = None
         sender: asyncio.Task[None] | None = None
+        relay: Relay | None = None
         try:
             for worker in self.workers:
                 worker.start()
             for worker in self.workers:
                 await self._serving(worker, timeout=180)
             collector = await TopicCollector(c.broker, [self.target], c.env).start()
+            if c.reference:
+                relay = await asyncio.to_thread(Relay(c.broker, c.rate, replication=self._target_replication()).start)
             await self._flowing()
             sender = asyncio.create_task(self._send())
             await asyncio.sleep(c.warm_s)
@@ -348,7 +436,7 @@ class RollingDeploy:
             logs = "".join(worker.log for worker in self.workers)
             if c.records_path:
                 self._write_records(c.records_path, collector, (started, ended))
-            return summarize(
+            result = summarize(
                 guarantee=c.guarantee,
                 workers=c.workers,
                 due=self.due,
@@ -360,7 +448,12 @@ class RollingDeploy:
                 protocols=re.findall(r"consumer groups .*?\): (\w+) protocol", logs),
                 exited=exited,
             )
+            if relay is not None:
+                result = replace(result, reference_p99_ms=relay.p99((started, ended)))
+            return result
         finally:
+            if relay is not None:
+                await asyncio.to_thread(relay.stop)
             self._sending = False
             if sender is not None and not sender.done():
                 sender.cancel()
@@ -570,6 +663,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help="the control: move nothing for SECONDS (with --brokers: on the cluster, its target replicated)",
     )
+    parser.add_argument(
+        "--reference", action="store_true", help="also run a plain relay beside it: the cluster's own latency meanwhile"
+    )
     parser.add_argument("--json", default=None, help="also write the result here")
     parser.add_argument("--records", default=None, help="also write each record's due time and delivery here (CSV)")
     args = parser.parse_args(argv)
@@ -589,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
         env=env,
         worker_python=args.worker_python,
         records_path=args.records,
+        reference=args.reference,
     )
     cluster = Cluster.from_env() if args.brokers or args.kill_broker else None
     if (args.brokers or args.kill_broker) and cluster is None:

@@ -16,6 +16,7 @@ from confluent_kafka.admin import ConfigResource as RdConfigResource
 
 from delayapp.core.errors import TopicLayoutError
 from delayapp.core.layout import TopicLayout, earlier_default_ladder, retired_delay_topics
+from delayapp.engine.capabilities import BrokerGaps
 from delayapp.engine.errors import BrokerFeatureMissing
 from delayapp.engine.groups import (
     CONSUMER_GROUP_HEARTBEAT_API_KEY,
@@ -29,8 +30,9 @@ from delayapp.settings import Guarantee, Idempotence, Settings
 log = logging.getLogger(__name__)
 
 
-async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]:
-    """Create missing topics and refuse a layout whose retention is too short (see topics.py)."""
+async def bootstrap_topics(settings: Settings, layout: TopicLayout, gaps: BrokerGaps | None = None) -> list[str]:
+    """Create missing topics and refuse a layout whose retention is too short (see topics.py);
+    what the broker lacks is said through ``gaps`` where given."""
     s = settings
     admin = AIOKafkaAdminClient(**s.kafka_client_kwargs())
     await admin.start()
@@ -54,19 +56,24 @@ async def bootstrap_topics(settings: Settings, layout: TopicLayout) -> list[str]
         specs = configured_topic_specs(s, layout)
         replication = s.replication_factor if s.replication_factor > 0 else await broker_default_replication(admin)
         return await ensure_topics(
-            admin, specs, create=s.create_topics, replication_factor=replication, margin_ms=s.retention_margin
+            admin,
+            specs,
+            create=s.create_topics,
+            replication_factor=replication,
+            margin_ms=s.retention_margin,
+            gaps=gaps,
         )
     finally:
         await admin.close()
 
 
-async def check_topic_durability(settings: Settings, layout: TopicLayout) -> None:
+async def check_topic_durability(settings: Settings, layout: TopicLayout, gaps: BrokerGaps | None = None) -> None:
     """Warn where delayapp's topics keep records on one broker or acknowledge a write held by one
-    (:func:`delayapp.engine.topics.check_durability`); once per worker start."""
+    (:func:`delayapp.engine.topics.check_durability`), through ``gaps`` where given; once per worker start."""
     admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
     await admin.start()
     try:
-        await check_durability(admin, [spec.name for spec in configured_topic_specs(settings, layout)])
+        await check_durability(admin, [spec.name for spec in configured_topic_specs(settings, layout)], gaps)
     finally:
         await admin.close()
 
@@ -205,8 +212,9 @@ class _RefusalSaidOnce(logging.Filter):
         return True
 
 
-async def probe_transactions(settings: Settings, *, required: bool) -> bool:
-    """Say in the log whether the broker runs transactions; refuse exactly_once without them."""
+async def probe_transactions(settings: Settings, *, required: bool, gaps: BrokerGaps | None = None) -> bool:
+    """Say in the log whether the broker runs transactions (a refusal through ``gaps`` where
+    given); refuse exactly_once without them."""
     producer = AIOKafkaProducer(
         **settings.kafka_client_kwargs(),
         transactional_id=f"{settings.topic_prefix}.probe.{settings.worker_instance_id}",
@@ -222,8 +230,12 @@ async def probe_transactions(settings: Settings, *, required: bool) -> bool:
                 f"processing_guarantee=exactly_once needs Kafka transactions, which broker {settings.broker} refused "
                 f"({reason}); use at_least_once or a Kafka cluster with transactions"
             ) from None
-        log.info(
-            "broker capability: transactions NOT available (%s); at_least_once hops, de-duplicate by recordId", reason
+        (gaps or BrokerGaps(development=False)).report(
+            log,
+            "no transactions (at_least_once only)",
+            "broker capability: transactions NOT available (%s); at_least_once hops, de-duplicate by recordId",
+            reason,
+            level=logging.INFO,
         )
         return False
     finally:

@@ -9,7 +9,9 @@ are listed in the broker notes.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from delayapp.engine.groups import GroupMembership
 from delayapp.settings import GroupProtocol, Settings
@@ -24,6 +26,9 @@ SLEEPING_FETCH_WAIT_MS = 100
 #: nothing of it is resumed or handed over behind a waiting fetch, so the wait costs no
 #: latency, only a request a wait (at the loops' 500 ms it asked twice a second with nothing to read)
 STEADY_READER_FETCH_WAIT_MS = 5_000
+
+#: where a development broker's gaps are said, in one line (:meth:`BrokerGaps.say`)
+DEVELOPMENT_BROKER_DOC = "docs/production.md: Production checklist"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,3 +66,42 @@ def fetch_wait_ms(settings: Settings, *, wakes_waiting_fetches: bool, waking_ms:
     if settings.fetch_max_wait_ms >= 0:
         return settings.fetch_max_wait_ms
     return waking_ms if wakes_waiting_fetches else SLEEPING_FETCH_WAIT_MS
+
+
+class BrokerGaps:
+    """What the start-up checks find the broker lacks, said where it helps the reader.
+
+    On a cluster users run, each finding is its own line at its own level (a gap there is news:
+    an operator fixes a topic config or a replication factor). On a development broker (one that
+    does not fetch by leader epoch: the embedded one), every gap is expected, so each finding is
+    kept at DEBUG and :meth:`say` gives them in one line, once: a newcomer's first screen is then
+    the records, not five warnings about a broker that exists to try delayapp on.
+    """
+
+    def __init__(self, *, development: bool) -> None:
+        self.development = development
+        self.found: list[str] = []
+
+    def report(self, logger: logging.Logger, gap: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
+        """Log ``message % args`` on ``logger`` at ``level``; on a development broker at DEBUG,
+        with ``gap`` (a few words: what it lacks) kept for :meth:`say`."""
+        if self.development:
+            if gap not in self.found:
+                self.found.append(gap)
+            logger.debug(message, *args)
+        else:
+            logger.log(level, message, *args)
+
+    def line(self) -> str | None:
+        """The one line :meth:`say` logs (None: nothing to say)."""
+        if not (self.development and self.found):
+            return None
+        return (
+            f"development broker (not Apache Kafka): {'; '.join(self.found)}. Fine for trying delayapp; "
+            f"run on Apache Kafka for records that matter ({DEVELOPMENT_BROKER_DOC})"
+        )
+
+    def say(self, logger: logging.Logger) -> None:
+        """On a development broker, the gaps found so far in one WARNING line on ``logger``."""
+        if (text := self.line()) is not None:
+            logger.warning("%s", text)

@@ -56,7 +56,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from functools import partial
 from typing import Any, ClassVar
 
@@ -135,6 +135,7 @@ class HopLoop(Service):
         before_decide: Callable[[set[str]], Coroutine[Any, Any, None]] | None = None,
         targets_settled: Callable[[set[str]], bool] | None = None,
         on_target_failed: Callable[[str], None] | None = None,
+        skip: Mapping[tuple[str, int], set[int]] | None = None,
         **kwargs: Any,
     ) -> None:
         """Every collaborator is given here (nothing is wired by setting attributes afterwards):
@@ -144,7 +145,8 @@ class HopLoop(Service):
         ``on_target_failed`` is told of a target a write to which failed in a way that may mean
         it is gone; ``broker`` is what the broker was found to support at start, and the
         workarounds the loop applies where it falls short of Apache Kafka (default: Apache
-        Kafka's, with every workaround on)."""
+        Kafka's, with every workaround on); ``skip``: the offsets, by partition, of records whose
+        step another cluster already took (:mod:`delayapp.engine.takeover`), dropped as fetched."""
         super().__init__(**kwargs)
         self.name = name
         self.broker = broker if broker is not None else BrokerCapabilities()
@@ -156,6 +158,9 @@ class HopLoop(Service):
         self.group_id = group_id
         self.handler = handler
         self.settings = settings
+        topics = {topic, priority_topic}
+        self._skip = {key: offsets for key, offsets in (skip or {}).items() if key[0] in topics}
+        self.steps_taken_elsewhere = 0  # records the takeover fence dropped (each batch of them logged)
         self.audit_topic = audit_topic
         # record-states: each audit event again, compacted by record id (the read model)
         self.states_topic = states_topic
@@ -557,6 +562,8 @@ class HopLoop(Service):
                 continue
             # 1. fetch and queue on the partitions
             messages = consumer.consume(self.settings.max_batch, self._poll_timeout_ms() / 1000)
+            if messages and self._skip:
+                messages = self._without_steps_taken(messages)
             taken = tasks.take(messages) if messages else None
             if taken is not None:
                 if taken.resets:
@@ -589,6 +596,22 @@ class HopLoop(Service):
             self._rewind(set(outcome.rewind))
         if outcome.pause_s:
             self._stopping.wait(outcome.pause_s)
+
+    def _without_steps_taken(self, messages: list[Message]) -> list[Message]:
+        """``messages`` but those whose step another cluster already took (the takeover fence):
+        dropped before they are queued, so never moved again; kept in the set, since a rewind
+        fetches them again."""
+        kept, skipped = [], 0
+        for message in messages:
+            offsets = self._skip.get((str(message.topic()), int(message.partition() or 0)))
+            if offsets is not None and message.offset() in offsets:
+                skipped += 1
+            else:
+                kept.append(message)
+        if skipped:
+            self.steps_taken_elsewhere += skipped
+            log.info("%s: skipped %d steps taken on another cluster (the takeover fence)", self.name, skipped)
+        return kept
 
     def _poll_timeout_ms(self) -> int:
         """Block no longer than until the earliest wait ends, nor while writes or a transaction

@@ -208,6 +208,26 @@ class EngineMetrics:
             "delayapp_loop_restarts", "times each loop reopened its clients after an error", ["loop"], registry=r
         )
 
+        self.unmirrored = Gauge(
+            "delayapp_mirror_unmirrored_records",
+            "records the mirror cluster does not have yet, per delayapp topic (a failover now loses or repeats them)",
+            ["topic"],
+            registry=r,
+        )
+        self.reread = Gauge(
+            "delayapp_mirror_reread_records",
+            "records between each loop's commit and the one translated into the mirror (a failover reads them again)",
+            ["group"],
+            registry=r,
+        )
+
+    def set_mirror_lag(self, unmirrored: dict[str, int], reread: dict[str, int]) -> None:
+        """Refresh the mirror's gauges from its latest measure."""
+        for topic, records in unmirrored.items():
+            self.unmirrored.labels(topic).set(records)
+        for group, records in reread.items():
+            self.reread.labels(group).set(records)
+
     def observe(self, hop_loop: Any, event: Any) -> None:
         """Account for one audit event written by ``hop_loop`` (on that loop's thread)."""
         tally = self.tallies.of(hop_loop.name)

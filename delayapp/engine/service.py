@@ -40,16 +40,23 @@ from delayapp.engine.bootstrap import (
     set_group_configs,
 )
 from delayapp.engine.cancel_registry import DAY_MS, CancelRegistry
-from delayapp.engine.capabilities import STEADY_READER_FETCH_WAIT_MS, BrokerCapabilities, fetch_wait_ms
+from delayapp.engine.capabilities import (
+    STEADY_READER_FETCH_WAIT_MS,
+    BrokerCapabilities,
+    BrokerGaps,
+    fetch_wait_ms,
+)
 from delayapp.engine.groups import choose_membership
 from delayapp.engine.handler import RecordHandler
 from delayapp.engine.known_topics import KnownTopics
 from delayapp.engine.lag import LagSampler
 from delayapp.engine.loop import HopLoop, RouterLoop
 from delayapp.engine.metrics import EngineMetrics
+from delayapp.engine.mirror_lag import MirrorLag, measure_mirror_lag
 from delayapp.engine.retired import RetiredDrain, retired_loops
 from delayapp.engine.stats import engine_figures
-from delayapp.settings import Guarantee, Settings
+from delayapp.engine.takeover import build_fence, clock_never_probed
+from delayapp.settings import Guarantee, Settings, TakeoverFence
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +179,7 @@ class DelayEngine(Service):
         self._skew_warned_at = -SKEW_WARNING_EVERY_S
         self.loops: list[HopLoop] = []
         self.lag: dict[str, int] = {}  # topic -> records not yet processed, cluster-wide
+        self.mirror_lag: MirrorLag | None = None  # the mirror's, where DELAYAPP_MIRROR_BROKER names one
         self._producer: AIOKafkaProducer | None = None
         self._lag_sampler = LagSampler(settings)
         # DELAYAPP_DRAIN_RETIRED_TOPICS: another ladder's delay topics, read and watched until empty
@@ -182,8 +190,15 @@ class DelayEngine(Service):
         if s.require_allowed_targets() == ("*",):
             log.warning("allowed targets: * (any topic); set DELAYAPP_ALLOWED_TARGETS to restrict where records may go")
         warn_about_lanes(self.policy)
-        await bootstrap_topics(s, self.layout)  # refuses retired delay topics unless they may be drained
-        await check_topic_durability(s, self.layout)
+        groups = await probe_groups(s)
+        # a development broker's gaps are said in one line once the checks are done (issue 50, item 5)
+        gaps = BrokerGaps(development=not groups.apache_kafka_like)
+        await bootstrap_topics(s, self.layout, gaps)  # refuses retired delay topics unless they may be drained
+        await check_topic_durability(s, self.layout, gaps)
+        # before this worker's own probes write to the clock topic: a cluster no worker ran on?
+        takeover = s.takeover_fence is TakeoverFence.ALWAYS or (
+            s.takeover_fence is TakeoverFence.AUTO and await asyncio.to_thread(clock_never_probed, s, self.layout)
+        )
         retired = await list_retired_topics(s, self.layout) if s.drain_retired_topics else []
         sources = retired_sources(self.layout, retired)
         if sources:
@@ -194,15 +209,16 @@ class DelayEngine(Service):
                 s.ladder,
             )
             self.handler.also_delay_topics(retired)
-        await probe_transactions(s, required=s.processing_guarantee is Guarantee.EXACTLY_ONCE)
+        await probe_transactions(s, required=s.processing_guarantee is Guarantee.EXACTLY_ONCE, gaps=gaps)
         idempotent = await probe_idempotence(s, self.layout.clock)
         metadata_kept = not s.release_ahead or await keeps_commit_metadata(s, self.layout.ingress)
         if not metadata_kept:
-            log.warning(
+            gaps.report(
+                log,
+                "offset-commit metadata dropped",
                 "broker capability: offset-commit metadata is NOT kept; records released ahead of a waiting "
-                "head may be released again after a rebalance or restart (at-least-once; de-duplicate by recordId)"
+                "head may be released again after a rebalance or restart (at-least-once; de-duplicate by recordId)",
             )
-        groups = await probe_groups(s)
         # a group's live members must share an assignor: one of another setting is followed
         router_group = f"{s.app_id}.router"
         delay_groups = {
@@ -218,11 +234,14 @@ class DelayEngine(Service):
                 self.clock.skew_ms(),
             )
         else:
-            log.warning(
+            gaps.report(
+                log,
+                "no LogAppendTime (due times by this worker's clock)",
                 "broker clock: NOT measured (the broker does not stamp LogAppendTime on %s); "
                 "due times use this worker's clock alone",
                 self.layout.clock,
             )
+        gaps.say(log)
         # Apache Kafka answers a waiting fetch when data arrives; the embedded broker does not
         waits = fetch_wait_ms(s, wakes_waiting_fetches=groups.apache_kafka_like)
         # Loops start only once every cancellation already written is known.
@@ -231,6 +250,21 @@ class DelayEngine(Service):
         )
         await self.add_runtime_dependency(self.cancellations)
         await asyncio.wait_for(self.cancellations.caught_up.wait(), timeout=120)
+        skip: dict[tuple[str, int], set[int]] = {}
+        if takeover:  # the steps another cluster took (a failover to a mirror): never taken again
+            try:
+                fence = await asyncio.to_thread(
+                    build_fence, s, self.layout, now_ms=self.clock(), times_kept=groups.apache_kafka_like
+                )
+            except Exception as exc:  # a broker that cannot say: the loops move everything, as before
+                log.warning(
+                    "takeover fence: not built (%s: %s); every record is moved as usual", type(exc).__name__, exc
+                )
+            else:
+                # a first start (no commits yet) has nothing to say
+                level = logging.WARNING if fence.partial else logging.INFO if fence.at_risk else logging.DEBUG
+                log.log(level, "%s", fence.line())
+                skip = fence.skip
         audit, states = (self.layout.audit, self.layout.record_states) if s.audit_enabled else (None, None)
         common: dict[str, Any] = dict(  # the keyword arguments every HopLoop gets (see ExtraLoops)
             handler=self.handler,
@@ -250,6 +284,7 @@ class DelayEngine(Service):
             before_decide=self.known_topics.ensure if s.check_target_exists else None,
             targets_settled=self.known_topics.settled,
             on_target_failed=self.known_topics.forget,
+            skip=skip,
             clock=self.clock,
             loop=self.loop,
             beacon=self.beacon,
@@ -389,6 +424,34 @@ class DelayEngine(Service):
         225 MB. A no-op where the C library has no ``malloc_trim``."""
         if _MALLOC_TRIM is not None:
             _MALLOC_TRIM(0)
+
+    @Service.task
+    async def _measure_mirror_lag(self) -> None:
+        """Where a mirror is named, measure its lag every ``mirror_lag_interval``: the recovery
+        point a failover now would have, for the metrics and ``GET /ready``."""
+        s = self.settings
+        if not s.mirror_broker:
+            return
+        primary = s.librdkafka_connection()
+        mirror = {**primary, "bootstrap.servers": s.mirror_broker}
+        mirror_layout = s.model_copy(update={"topic_prefix": s.mirror_topic_prefix or s.topic_prefix}).topic_layout()
+        while not self.should_stop:
+            try:
+                lag = await asyncio.to_thread(
+                    measure_mirror_lag,
+                    primary,
+                    mirror,
+                    self.layout,
+                    s.app_id,
+                    mirror_layout=mirror_layout,
+                    now_ms=now_ms(),
+                )
+                self.mirror_lag = lag
+                self.metrics.set_mirror_lag(lag.unmirrored, lag.reread)
+                log.info("%s", lag.line())
+            except Exception as exc:  # the mirror unreachable costs a measure, never the engine
+                log.warning("could not measure the mirror's lag (%s: %s)", type(exc).__name__, exc)
+            await self.sleep(s.mirror_lag_interval / 1000)
 
     @Service.timer(LAG_SAMPLE_S)
     async def _sample_lag(self) -> None:

@@ -21,6 +21,7 @@ from delayapp.core.layout import (
     topic_configs,
     topic_specs,
 )
+from delayapp.engine.capabilities import BrokerGaps
 from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,14 +40,21 @@ def configured_topic_specs(settings: Settings, layout: TopicLayout) -> list[Topi
 
 
 async def ensure_topics(
-    admin: AIOKafkaAdminClient, specs: list[TopicSpec], *, create: bool, replication_factor: int, margin_ms: int
+    admin: AIOKafkaAdminClient,
+    specs: list[TopicSpec],
+    *,
+    create: bool,
+    replication_factor: int,
+    margin_ms: int,
+    gaps: BrokerGaps | None = None,
 ) -> list[str]:
     """Create missing topics (when allowed), then refuse a layout whose retention is too short.
 
     Returns the names created. Raises :class:`TopicLayoutError` listing every problem; logs a
     warning for each existing topic whose timestamps or cleanup differ from what delayapp
-    creates (see :func:`config_warnings`).
+    creates (see :func:`config_warnings`), through ``gaps`` where given (:class:`BrokerGaps`).
     """
+    gaps = gaps or BrokerGaps(development=False)
     existing = set(await admin.list_topics())
     missing = [s for s in specs if s.name not in existing]
     if missing and not create:
@@ -66,7 +74,9 @@ async def ensure_topics(
         )
     except KafkaError as exc:
         # Tansu closes the connection on DescribeConfigs (and applies no retention at all).
-        log.warning(
+        gaps.report(
+            log,
+            "topic configs not reported (retention not verified)",
             "broker does not report topic configs (%s): retention and timestamp type of delayapp topics NOT verified",
             type(exc).__name__,
         )
@@ -79,14 +89,16 @@ async def ensure_topics(
             "refusing to start, records could be deleted before they are due:\n  " + "\n  ".join(problems)
         )
     for warning in config_warnings(specs, configs):
-        log.warning("%s", warning)
+        gaps.report(log, "topic configs unlike delayapp's", "%s", warning)
     return [s.name for s in missing]
 
 
-async def check_durability(admin: AIOKafkaAdminClient, names: list[str]) -> None:
+async def check_durability(admin: AIOKafkaAdminClient, names: list[str], gaps: BrokerGaps | None = None) -> None:
     """Warn, naming the topic and the setting, where a topic of ``names`` keeps its records on one
     broker or acknowledges a write held by one (:func:`durability_warnings`); a broker that
-    reports no topic configs (the embedded one) is checked for its replication factors only."""
+    reports no topic configs (the embedded one) is checked for its replication factors only.
+    Findings go through ``gaps`` where given (:class:`BrokerGaps`)."""
+    gaps = gaps or BrokerGaps(development=False)
     try:
         topics = await admin.describe_topics(names)
         replication = {
@@ -101,7 +113,7 @@ async def check_durability(admin: AIOKafkaAdminClient, names: list[str]) -> None
     except KafkaError:
         min_insync = {}
     for warning in durability_warnings(replication, min_insync):
-        log.warning("%s", warning)
+        gaps.report(log, "one copy of each record", "%s", warning)
 
 
 async def describetopic_configs(

@@ -21,6 +21,7 @@ import faust
 
 from delayapp.compat.loops import compat_loops
 from delayapp.engine.bootstrap import bootstrap_topics, replication_factor
+from delayapp.engine.capabilities import BrokerGaps
 from delayapp.engine.connect import check_broker_access
 from delayapp.engine.metadata import forbid_topic_auto_creation
 from delayapp.engine.service import DelayEngine
@@ -93,7 +94,8 @@ class DelayApp(faust.App):
         # Faust's own topics (its leader topic) are replicated as delayapp's: -1 is the broker's default
         self.conf.topic_replication_factor = await replication_factor(settings)
         await super().on_first_start()
-        created = await bootstrap_topics(settings, layout)
+        # the engine's start checks the topics again and says what it finds: nothing twice
+        created = await bootstrap_topics(settings, layout, BrokerGaps(development=True))
         if created:
             log.info("bootstrapped %d topics", len(created))
 

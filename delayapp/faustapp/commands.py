@@ -1,4 +1,4 @@
-"""``faust -A delayapp <command>``: schedule, plan, topics, status and dlq.
+"""``faust -A delayapp <command>``: schedule, plan, topics, status, dlq and mirror.
 
 Each command parses and checks its input, calls one function of :mod:`delayapp.ops`
 and prints the result. Exit codes: 0 done, 1 failed or found a problem (a topic missing,
@@ -7,6 +7,7 @@ an unknown record, a broker error), 2 bad input.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,10 +22,12 @@ from tqdm import tqdm
 from delayapp.core.clock import now_ms
 from delayapp.core.durations import format_duration, parse_duration
 from delayapp.core.instants import AGO, FROM_NOW, format_instant, parse_instant
+from delayapp.core.mirror import IDENTITY, POLICIES, MirrorPlan, mirror_prefix, mirrormaker_properties
 from delayapp.core.policies import Reason
 from delayapp.core.replay import ReplayFilter
 from delayapp.engine.connect import check_broker_access
 from delayapp.engine.errors import BrokerAccessRefused, BrokerError
+from delayapp.engine.mirror_lag import measure_mirror_lag
 from delayapp.errors import ConfigError
 from delayapp.faustapp import render
 from delayapp.faustapp.app import app, layout, settings
@@ -366,3 +369,51 @@ def _replay_summary(report: ReplayReport) -> list[str]:
             "(a crash in between replays that one again)"
         )
     return lines
+
+
+@app.command(
+    argument("action", type=click.Choice(["config", "lag"])),
+    option("--mirror", "mirror", required=True, help="the mirror cluster's bootstrap servers"),
+    option("--source-alias", default="primary", help="config: this cluster's alias in MirrorMaker 2"),
+    option("--target-alias", default="mirror", help="config: the mirror's alias in MirrorMaker 2"),
+    option("--policy", type=click.Choice(list(POLICIES)), default=IDENTITY, help="config: the copies' names"),
+    option("--sync-interval", type=click.IntRange(min=1), default=1, help="config: offsets synced every (s)"),
+    option("--replication-factor", type=click.IntRange(min=1), default=3, help="config: copies on the mirror"),
+)
+async def mirror(
+    self: Any,
+    action: str,
+    mirror: str,
+    source_alias: str,
+    target_alias: str,
+    policy: str,
+    sync_interval: int,
+    replication_factor: int,
+) -> None:
+    """config: print MirrorMaker 2's properties mirroring this deployment (DELAYAPP_BROKER) to
+    --mirror; lag: how far --mirror lags it now, the records a failover would lose or read
+    again (faust --json: as JSON) (docs/disaster-recovery.md)."""
+    async with _exit_codes():
+        plan = MirrorPlan(
+            source_alias,
+            settings.broker,
+            target_alias,
+            mirror,
+            policy=policy,
+            sync_interval_s=sync_interval,
+            replication_factor=replication_factor,
+        )
+        if action == "config":
+            self.say(mirrormaker_properties(layout, settings.app_id, plan).rstrip("\n"))
+            return
+        mirror_layout = settings.model_copy(update={"topic_prefix": mirror_prefix(settings.topic_prefix, plan)})
+        lag = await asyncio.to_thread(
+            measure_mirror_lag,
+            settings.librdkafka_connection(),
+            {**settings.librdkafka_connection(), "bootstrap.servers": mirror},
+            layout,
+            settings.app_id,
+            mirror_layout=mirror_layout.topic_layout(),
+            now_ms=now_ms(),
+        )
+    self.say(orjson.dumps(lag.as_dict()).decode() if self.json else lag.line())

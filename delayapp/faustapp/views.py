@@ -193,10 +193,10 @@ class Ready(View):
             threshold_s=settings.ready_threshold / 1000,
             cancels_caught_up=engine is not None and engine.cancellations.caught_up.is_set(),
         )
-        return self.json(
-            {"ready": not reasons, "waiting_for": reasons, "worker": settings.worker_instance_id},
-            status=503 if reasons else 200,
-        )
+        answer: dict[str, Any] = {"ready": not reasons, "waiting_for": reasons, "worker": settings.worker_instance_id}
+        if engine is not None and engine.mirror_lag is not None:  # informs, never gates readiness
+            answer["mirror"] = {**engine.mirror_lag.as_dict(), "line": engine.mirror_lag.line()}
+        return self.json(answer, status=503 if reasons else 200)
 
 
 @app.page("/delay/policies")

@@ -276,4 +276,4 @@ def test_a_commit_an_earlier_version_made_still_says_what_it_released_ahead(name
     commit (else it would deliver those records again): every metadata format is still read."""
     offset, metadata = COMMIT_METADATA[name]
     assert decode_released(offset, metadata) == RELEASED_AHEAD
-    assert encode_released(offset, set(RELEASED_AHEAD)) == COMMIT_METADATA["0.3.0 bitmap"][1]  # written today
+    assert encode_released(offset, set(RELEASED_AHEAD)) == COMMIT_METADATA["0.5.0 bitmap at its point"][1]  # today

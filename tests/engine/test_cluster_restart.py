@@ -46,7 +46,14 @@ def cluster_or_skip() -> Cluster:
 
 def config(cluster: Cluster, guarantee: str) -> DeployConfig:
     return DeployConfig(
-        broker=cluster.bootstrap, workers=1, guarantee=guarantee, rate=100, due_min_s=3, due_max_s=25, after_s=45
+        broker=cluster.bootstrap,
+        workers=1,
+        guarantee=guarantee,
+        rate=100,
+        due_min_s=3,
+        due_max_s=25,
+        after_s=45,
+        reference=True,  # the cluster's own write-to-read latency meanwhile, printed beside the figures
     )
 
 

@@ -15,7 +15,7 @@ def encode_released(commit_offset: int, released: set[int]) -> str:
     for offset in released:
         if offset >= commit_offset:
             bits |= 1 << (offset - commit_offset)
-    return encode_bitmap(bits)
+    return encode_bitmap(bits, commit_offset)
 
 
 def fetched(*offsets: int, awake: dict[int, int] | None = None) -> list[Pending]:

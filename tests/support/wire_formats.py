@@ -44,8 +44,10 @@ Cancel topic (key: the record id; value: any bytes, a JSON object's ``reason`` a
 
 Commit metadata of the delay topics' consumer groups (what a loop released ahead of its commit)
   * ranges, 0.1.0 [2bb15a5]: ``released:3-5,9,50``, offsets after the committed one;
-  * a bitmap, 0.3.0 [8a7d66e]: ``released~`` and base64 (:data:`COMMIT_METADATA`). What this
-    version writes.
+  * a bitmap, 0.3.0 [8a7d66e]: ``released~`` and base64 (:data:`COMMIT_METADATA`); 0.4.0 the same;
+  * the bitmap bound to its commit point, 0.5.0: ``released@<offset>~`` and base64, so that a
+    commit translated to another offset (MirrorMaker 2 copies the metadata) names nothing. What
+    this version writes.
 
 A literal here is never edited: a version that writes a new format adds a block of its own.
 """
@@ -749,6 +751,7 @@ FINAL_STATUS: dict[bytes, str] = {
 COMMIT_METADATA: dict[str, tuple[int, str]] = {
     "0.1.0 ranges": (100, "released:3-5,9,50"),
     "0.3.0 bitmap": (100, "released~OAIAAAAABA=="),
+    "0.5.0 bitmap at its point": (100, "released@100~OAIAAAAABA=="),
 }
 """A delay topic's commit at offset 100, its metadata naming what was released ahead of it, as
 each version wrote it (``tests.support.partitions.encode_released(100, RELEASED_AHEAD)`` today)."""
