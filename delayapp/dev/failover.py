@@ -356,9 +356,10 @@ class RegionFailover(RollingDeploy):
         subprocess.run(self.region.start, shell=True, check=True)
         collector = await TopicCollector(self.region.primary, [self.target]).start()
         try:
-            # read to the end: done once nothing more arrived for 3 s (markers make offsets no count)
+            # read to the end: done once nothing more arrived for 15 s (markers make offsets no count;
+            # a transaction the kill left prepared is completed by the restarted coordinator, later)
             seen, still = -1, 0
-            while still < 3:
+            while still < 15:
                 await asyncio.sleep(1)
                 still = still + 1 if len(collector.records) == seen else 0
                 seen = len(collector.records)
