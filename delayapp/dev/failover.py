@@ -521,18 +521,10 @@ def _ends(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
 
 def _copying(bootstrap: str, topic: str) -> bool:
     """True once ``topic`` holds a record on the cluster at ``bootstrap`` (blocking)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "delayapp-failover-probe"})
     try:
-        found = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if found is None or found.error is not None:
-            return False
-        return any(
-            consumer.get_watermark_offsets(RdTopicPartition(topic, p), timeout=10)[1] > 0 for p in found.partitions
-        )
+        return any(end > 0 for end in _ends(bootstrap, [topic]).values())
     except KafkaException:  # just created: its leader is not known everywhere yet
         return False
-    finally:
-        consumer.close()
 
 
 async def _stop_producer(producer: AIOKafkaProducer) -> None:
