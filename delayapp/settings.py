@@ -46,6 +46,7 @@ DURATION_FIELDS = (
     "peer_replay_window",
     "retired_quiet",
     "hop_tick",
+    "mirror_lag_interval",
 )
 
 

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from delayapp.errors import ConfigError
-from delayapp.settings import MIN_TOKEN_CHARS, load_settings, markdown_table, mask_properties
+from delayapp.settings import DURATION_FIELDS, MIN_TOKEN_CHARS, Settings, load_settings, markdown_table, mask_properties
 
 SETTINGS_PAGE = pathlib.Path(__file__).parents[1] / "docs" / "settings.md"
 
@@ -17,6 +17,13 @@ SETTINGS_PAGE = pathlib.Path(__file__).parents[1] / "docs" / "settings.md"
 def test_settings_page_lists_every_setting_as_declared() -> None:
     page = SETTINGS_PAGE.read_text()
     assert markdown_table() in page, "docs/settings.md table is stale: paste `python settings.py --markdown`"
+
+
+def test_every_setting_documented_as_a_duration_takes_one() -> None:
+    # DELAYAPP_MIRROR_LAG_INTERVAL=30s was refused: documented as a duration, parsed as an integer
+    documented = {name for name, field in Settings.model_fields.items() if "(duration)" in (field.description or "")}
+    assert documented <= set(DURATION_FIELDS)
+    assert load_settings(mirror_lag_interval="2s").mirror_lag_interval == 2_000
 
 
 def test_sasl_and_tls_settings_reach_client_kwargs(tmp_path) -> None:

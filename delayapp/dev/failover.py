@@ -62,6 +62,10 @@ from delayapp.settings import load_settings
 log = logging.getLogger(__name__)
 
 SETTLED_AFTER_TAKEOVER_MS = 10_000  # records due this long after the mirror's worker served: on time?
+# What the lag measured before the kill can miss: the steps of one interval before the measure,
+# MirrorMaker 2's offset sync (1 s) or an at_least_once commit (2 s: a delivery's state is written
+# with the commit), the longer; and those taken while it measured and until the kill.
+LAG_WINDOW_BEFORE_MS = 2_000
 FINAL_STEPS = ("delivered", "cancelled", "dead_lettered")
 
 
@@ -121,11 +125,32 @@ class FailoverResult:
     read_model_asked: int = 0
     read_model_answered: int = 0  # of those, the ones it knew
     lost_ids: list[str] = field(default_factory=list)  # the first of the records lost, to look for
+    #: from LAG_WINDOW_BEFORE_MS before the lag's measure to the kill: the final steps the source
+    #: took (first deliveries, acknowledged cancels) and the records it acknowledged
+    window_final_steps: int = 0
+    window_accepted: int = 0
 
     @property
     def ok(self) -> bool:
         """Nothing early, nothing twice or cancelled-and-delivered that the mirror knew of."""
         return not self.early and not self.twice_known and not self.cancelled_delivered_known
+
+    @property
+    def repeated_unknown(self) -> int:
+        """Final steps taken again whose first the mirror lacked: copies beyond the first, and
+        cancelled records delivered, the mirror not knowing of the delivery or the cancel."""
+        return self.twice - self.twice_known + self.cancelled_delivered - self.cancelled_delivered_known
+
+    @property
+    def accounted(self) -> bool:
+        """Whether what was repeated and lost equals what the lag reported before the kill (its
+        final steps and accepted records not mirrored), give or take the steps of the window."""
+        if not self.lag:
+            return False
+        return (
+            abs(self.repeated_unknown - self.lag.get("final_steps", 0)) <= self.window_final_steps
+            and abs(self.lost - self.lag.get("accepted", 0)) <= self.window_accepted
+        )
 
     def line(self) -> str:
         """One line of figures."""
@@ -138,7 +163,9 @@ class FailoverResult:
             f"{self.read_model_asked} waiting; due {SETTLED_AFTER_TAKEOVER_MS // 1000} s after the takeover: "
             f"p99 {'-' if self.p99_after_ms is None else f'{self.p99_after_ms:.0f} ms'}; before the kill: "
             f"{self.lag.get('unmirrored_total', '-')} records not mirrored, {self.lag.get('reread_total', '-')} "
-            "to read again"
+            f"to read again, at risk {self.lag.get('final_steps', '-')} final steps (repeated "
+            f"{self.repeated_unknown}) and {self.lag.get('accepted', '-')} accepted records (lost {self.lost}), "
+            f"within the window's {self.window_final_steps} final steps and {self.window_accepted} accepted"
         )
 
 
@@ -155,11 +182,17 @@ def summarize(
     skipped: int = 0,
     read_model: tuple[int, int] = (0, 0),
     cancel_sent: set[str] | None = None,
+    window: tuple[int, int] | None = None,
+    accepted_at: Iterable[int] = (),
+    cancelled_at: Iterable[int] = (),
+    source_deliveries: Iterable[tuple[str, int]] = (),
 ) -> FailoverResult:
     """Count what happened to the records ``due`` (id -> due time, epoch ms), ``cancelled``
     among them (acknowledged; ``cancel_sent``: written, acknowledged or not), given each delivery
     on either cluster as (id, broker append time) and the ids whose final step the mirror held at
-    the kill (``known_final``)."""
+    the kill (``known_final``). ``window`` (start, end, epoch ms): the steps the lag's measure
+    may have missed, counted from when records were acknowledged (``accepted_at``), cancels
+    acknowledged (``cancelled_at``) and the ``source_deliveries`` (id, append time)."""
     delivered = list(delivered)
     copies = Counter(record_id for record_id, _ in delivered)
     first: dict[str, int] = {}
@@ -175,6 +208,9 @@ def summarize(
     maybe_cancelled = cancelled | (cancel_sent or set())
     lost = sorted(i for i in due if i not in first and i not in maybe_cancelled)
     cancelled_delivered = {i for i in cancelled if i in first}
+    start, end = window if window is not None else (0, -1)
+    window_deliveries = {i for i, at in source_deliveries if start <= at <= end}
+    window_cancels = sum(1 for at in cancelled_at if start <= at <= end)
     return FailoverResult(
         guarantee=guarantee,
         sent=len(due),
@@ -193,6 +229,8 @@ def summarize(
         skipped=skipped,
         read_model_asked=read_model[0],
         read_model_answered=read_model[1],
+        window_final_steps=len(window_deliveries) + window_cancels,
+        window_accepted=sum(1 for at in accepted_at if start <= at <= end),
     )
 
 
@@ -244,6 +282,7 @@ class RegionFailover(RollingDeploy):
         self.send_s = send_s
         self.cancelled: set[str] = set()
         self.cancel_sent: set[str] = set()  # cancels written, acknowledged or not
+        self.cancelled_at: dict[str, int] = {}  # record id -> when its cancel was acknowledged
         self._sent_at: dict[int, int] = {}  # record number -> when its write was acknowledged
         self.acknowledged: set[str] = set()
         self.bootstrap: str | None = region.primary  # where the producers write (None: paused)
@@ -298,6 +337,7 @@ class RegionFailover(RollingDeploy):
             try:
                 await asyncio.wait_for(cancel(producer, record_id, cancel_topic=f"{self.prefix}.cancel"), 5)
                 self.cancelled.add(record_id)
+                self.cancelled_at[record_id] = now_ms()
             except Exception:  # the primary died under it: not acknowledged, not counted
                 pass
 
@@ -476,8 +516,11 @@ class RegionFailover(RollingDeploy):
             await wait_for(lambda: now_ms() > last_due + 20_000, c.due_max_s + 120, "the last record's due time")
             await asyncio.sleep(2)
             delivered = [(r.key.decode(), r.timestamp) for col in collectors for r in col.records]
-            if not self.failback:
-                delivered += await self._primary_deliveries()
+            if self.failback:  # the source's collector is the first
+                from_source = [(r.key.decode(), r.timestamp) for r in collectors[0].records]
+            else:
+                from_source = await self._primary_deliveries()
+                delivered += from_source
             skipped = sum(
                 int(n) for n in re.findall(r"skipped (\d+) steps taken on another cluster", target_worker.log)
             )
@@ -493,6 +536,10 @@ class RegionFailover(RollingDeploy):
                 skipped=skipped,
                 read_model=(asked, answered),
                 cancel_sent=self.cancel_sent,
+                window=(lag.at_ms - LAG_WINDOW_BEFORE_MS, killed_at),
+                accepted_at=self._sent_at.values(),
+                cancelled_at=self.cancelled_at.values(),
+                source_deliveries=from_source,
             )
         finally:
             if sender is not None and not sender.done():

@@ -220,13 +220,19 @@ class EngineMetrics:
             ["group"],
             registry=r,
         )
+        self.unmirrored_final_steps = Gauge(
+            "delayapp_mirror_unmirrored_final_steps",
+            "deliveries, cancels and dead letters the mirror does not know of yet (a failover now may repeat them)",
+            registry=r,
+        )
 
-    def set_mirror_lag(self, unmirrored: dict[str, int], reread: dict[str, int]) -> None:
+    def set_mirror_lag(self, unmirrored: dict[str, int], reread: dict[str, int], final_steps: int) -> None:
         """Refresh the mirror's gauges from its latest measure."""
         for topic, records in unmirrored.items():
             self.unmirrored.labels(topic).set(records)
         for group, records in reread.items():
             self.reread.labels(group).set(records)
+        self.unmirrored_final_steps.set(final_steps)
 
     def observe(self, hop_loop: Any, event: Any) -> None:
         """Account for one audit event written by ``hop_loop`` (on that loop's thread)."""

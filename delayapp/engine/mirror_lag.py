@@ -2,7 +2,9 @@
 
 Asked of both clusters (:func:`measure_mirror_lag`, blocking): for each topic delayapp mirrors
 (:func:`delayapp.core.mirror.mirrored_topics`), the records the primary holds that the mirror
-does not have yet (a failover now loses them, or for a step already copied, repeats it), and
+does not have yet, and of those what is at risk: the ingress records (accepted: a failover now
+loses those not moved on to a mirrored hop) and the final steps in record-states (a failover now
+repeats them: the takeover fence cannot see them; read uncommitted, so an aborted one counts);
 for each loop's group, the records between the primary's commit and the commit MirrorMaker 2
 translated into the mirror (a failover now reads them again; the mirror's workers skip those
 whose later step was copied: docs/disaster-recovery.md).
@@ -17,17 +19,18 @@ written by every loop, each stamping with its own view of the broker's clock, a 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import AdminClient
+import orjson
 
+from delayapp.core.audit import is_final
 from delayapp.core.layout import TopicLayout, loop_groups
 from delayapp.core.mirror import mirrored_topics
+from delayapp.engine.partition_reader import PartitionReader
 
-TIMEOUT_S = 15.0
 TAIL_RECORDS = 64  # read back this far from a partition's end to find its last records (markers, compaction)
 EXACT_UP_TO = 5_000  # records after the mirror's last copied one counted one by one; beyond, by offsets
 
@@ -43,6 +46,12 @@ class MirrorLag:
     reread: dict[str, int] = field(default_factory=dict)
     #: topics delayapp mirrors that the mirror does not have at all
     missing: list[str] = field(default_factory=list)
+    #: of ``unmirrored``: records accepted on the ingress (a failover now loses those the
+    #: primary had not moved on to a mirrored hop)
+    accepted: int = 0
+    #: of ``unmirrored``: the final steps (delivered, cancelled, dead-lettered) in record-states
+    #: (a failover now may take them again: the fence cannot see them)
+    final_steps: int = 0
 
     @property
     def unmirrored_total(self) -> int:
@@ -60,6 +69,7 @@ class MirrorLag:
         text = (
             f"mirror lag: {self.unmirrored_total} records not mirrored yet"
             + (" (" + ", ".join(f"{t} {n}" for n, t in worst) + ")" if worst else "")
+            + f"; at risk: {self.accepted} accepted records, {self.final_steps} final steps"
             + f"; the loops would read {self.reread_total} records again"
         )
         return text + (f"; not on the mirror: {', '.join(self.missing)}" if self.missing else "")
@@ -73,112 +83,112 @@ class MirrorLag:
             "reread": self.reread,
             "reread_total": self.reread_total,
             "missing": self.missing,
+            "accepted": self.accepted,
+            "final_steps": self.final_steps,
         }
 
 
-class _Side:
-    """One cluster's reader: watermarks, a record's timestamp, offsets by time, group commits."""
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.config = config
-        self.consumer = Consumer(
-            {
-                **config,
-                "group.id": "delayapp-mirror-lag",  # never joins nor commits: assign() only
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "isolation.level": "read_uncommitted",
-                "fetch.wait.max.ms": 10,  # a partition's tail is read once: no waiting for more
-            }
-        )
-        self.admin = AdminClient(config)
-
-    def partitions(self, topics: Iterable[str]) -> dict[str, int]:
-        metadata = self.consumer.list_topics(timeout=TIMEOUT_S)
-        return {t: len(metadata.topics[t].partitions) for t in topics if t in metadata.topics}
-
-    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
-        low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=TIMEOUT_S)
-        return int(low), int(high)
-
-    def records(self, topic: str, partition: int, start: int, high: int, limit: int) -> list[tuple[int, int]]:
-        """(offset, timestamp) of the data records from ``start`` to before ``high``, at most
-        ``limit`` of them (transaction markers are not records)."""
-        found: list[tuple[int, int]] = []
-        if start >= high:
-            return found
-        self.consumer.assign([TopicPartition(topic, partition, start)])
-        try:
-            # poll, not consume: a batch of n waits its whole timeout unless n records came
-            while len(found) < limit:
-                message = self.consumer.poll(TIMEOUT_S)
-                if message is None or message.error() is not None:  # nothing more, or the partition's end
-                    return found
-                at = int(message.offset() or 0)
-                if at >= high:
-                    return found
-                found.append((at, message.timestamp()[1]))
-                if at >= high - 1:
-                    return found
-            return found
-        finally:
-            self.consumer.unassign()
-
-    def timestamp_at(self, topic: str, partition: int, offset: int, high: int) -> int | None:
-        """The timestamp of the last record at or before ``offset`` (None: none found)."""
-        tail = self.records(topic, partition, max(0, offset - TAIL_RECORDS), high, TAIL_RECORDS + 1)
-        before = [stamp for at, stamp in tail if at <= offset]
-        return before[-1] if before else None
-
-    def first_at_or_after(self, topic: str, partition: int, timestamp: int) -> int | None:
-        (found,) = self.consumer.offsets_for_times([TopicPartition(topic, partition, timestamp)], timeout=TIMEOUT_S)
-        return None if found.offset < 0 else int(found.offset)
-
-    def committed(self, group: str, topics: dict[str, int]) -> dict[tuple[str, int], int]:
-        wanted = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
-        future = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, wanted)])[group]
-        answer = future.result(timeout=TIMEOUT_S)
-        return {(tp.topic, tp.partition): tp.offset for tp in answer.topic_partitions if tp.offset >= 0}
-
-    def close(self) -> None:
-        self.consumer.close()
+_Record = tuple[int, int, bytes | None]  # offset, timestamp, value
 
 
-def _behind(primary: _Side, mirror: _Side, topic: str, mirror_topic: str, partition: int) -> int:
-    """Records of ``topic``/``partition`` on the primary after the mirror's last copied one:
-    that one is found on the primary by its timestamp and by how many records before it share
-    the timestamp (a batch appended at once shares one); counted record by record up to
-    :data:`EXACT_UP_TO`, beyond that by offsets (then at most: markers count too)."""
+def _side(config: dict[str, Any]) -> PartitionReader:
+    """One cluster's reader: uncommitted too (a record is copied as soon as it is written)."""
+    return PartitionReader(config, group="delayapp-mirror-lag", isolation="read_uncommitted", fetch_wait_ms=10)
+
+
+def _records(side: PartitionReader, topic: str, partition: int, start: int, high: int, limit: int) -> list[_Record]:
+    """(offset, timestamp, value) of the data records from ``start`` to before ``high``, at most
+    ``limit`` of them (transaction markers are not records)."""
+    found: list[_Record] = []
+    if start >= high:
+        return found
+    with contextlib.closing(side.read({(topic, partition): start})) as messages:
+        for message in messages:
+            at = int(message.offset() or 0)
+            if at >= high:
+                break
+            found.append((at, message.timestamp()[1], message.value()))
+            if len(found) >= limit or at >= high - 1:
+                break
+    return found
+
+
+def _timestamp_at(side: PartitionReader, topic: str, partition: int, offset: int, high: int) -> int | None:
+    """The timestamp of the last record at or before ``offset`` (None: none found)."""
+    tail = _records(side, topic, partition, max(0, offset - TAIL_RECORDS), high, TAIL_RECORDS + 1)
+    before = [stamp for at, stamp, _ in tail if at <= offset]
+    return before[-1] if before else None
+
+
+def _first_at_or_after(side: PartitionReader, topic: str, partition: int, timestamp: int) -> int | None:
+    found = side.offsets_at([(topic, partition)], timestamp)[(topic, partition)]
+    return None if found < 0 else found
+
+
+def _behind(
+    primary: PartitionReader,
+    mirror: PartitionReader,
+    topic: str,
+    mirror_topic: str,
+    partition: int,
+    *,
+    values: bool = False,
+) -> tuple[int, list[_Record]]:
+    """Records of ``topic``/``partition`` on the primary after the mirror's last copied one,
+    and those read of them: that one is found on the primary by its timestamp and by how many
+    records before it share the timestamp (a batch appended at once shares one); counted
+    record by record up to :data:`EXACT_UP_TO`, beyond that by offsets (then at most: markers
+    count too, and the records beyond are not read); with ``values``, also where the mirror
+    holds none of the partition."""
     low, high = primary.watermarks(topic, partition)
     m_low, m_high = mirror.watermarks(mirror_topic, partition)
-    if m_high <= m_low:
-        return high - low
-    tail = mirror.records(mirror_topic, partition, max(m_low, m_high - TAIL_RECORDS), m_high, TAIL_RECORDS)
-    if not tail:
-        return high - low
+    tail = (
+        []
+        if m_high <= m_low
+        else _records(mirror, mirror_topic, partition, max(m_low, m_high - TAIL_RECORDS), m_high, TAIL_RECORDS)
+    )
+    if not tail:  # nothing copied yet: all of it
+        return high - low, _records(primary, topic, partition, low, high, EXACT_UP_TO) if values else []
     stamp = tail[-1][1]
     same = 0  # the mirror's last records sharing the last one's timestamp
-    for _, at in reversed(tail):
+    for _, at, _ in reversed(tail):
         if at != stamp:
             break
         same += 1
-    first = primary.first_at_or_after(topic, partition, stamp)
+    first = _first_at_or_after(primary, topic, partition, stamp)
     if first is None:
-        return 0
-    after = primary.records(topic, partition, first, high, EXACT_UP_TO)
+        return 0, []
+    after = _records(primary, topic, partition, first, high, EXACT_UP_TO)
     mirrored = 0
-    for _, at in after:  # the first ``same`` records with that timestamp are the ones copied
+    for _, at, _ in after:  # the first ``same`` records with that timestamp are the ones copied
         if at != stamp or mirrored == same:
             break
         mirrored += 1
     counted = len(after) - mirrored
     if len(after) < EXACT_UP_TO:
-        return counted
-    return counted + max(0, high - after[-1][0] - 1)
+        return counted, after[mirrored:]
+    return counted + max(0, high - after[-1][0] - 1), after[mirrored:]
+
+
+def _final_steps(records: Iterable[_Record]) -> int:
+    """How many of these record-states records are a final step (tombstones and unreadable
+    values are not)."""
+    finals = 0
+    for _, _, value in records:
+        try:
+            finals += value is not None and is_final(orjson.loads(value))
+        except orjson.JSONDecodeError:
+            continue
+    return finals
 
 
 def _reread(
-    primary_at: int, mirror: _Side, primary: _Side, topic: str, mirror_topic: str, where: tuple[int, int]
+    primary_at: int,
+    mirror: PartitionReader,
+    primary: PartitionReader,
+    topic: str,
+    mirror_topic: str,
+    where: tuple[int, int],
 ) -> int:
     """Records between the primary's commit ``primary_at`` and the mirror's commit ``where``
     (partition, offset), measured on the primary."""
@@ -186,8 +196,8 @@ def _reread(
     m_low, m_high = mirror.watermarks(mirror_topic, partition)
     if mirror_at >= m_high:
         return 0  # the mirror's commit is past everything it holds: the rest is unmirrored
-    stamp = mirror.timestamp_at(mirror_topic, partition, max(mirror_at, m_low), m_high)
-    first = None if stamp is None else primary.first_at_or_after(topic, partition, stamp)
+    stamp = _timestamp_at(mirror, mirror_topic, partition, max(mirror_at, m_low), m_high)
+    first = None if stamp is None else _first_at_or_after(primary, topic, partition, stamp)
     return 0 if first is None else max(0, primary_at - first)
 
 
@@ -205,23 +215,28 @@ def measure_mirror_lag(
     mirror prefixes them (:func:`delayapp.core.mirror.mirror_prefix`). Blocking."""
     mirror_layout = mirror_layout or layout
     names = dict(zip(mirrored_topics(layout), mirrored_topics(mirror_layout), strict=True))
-    primary, mirror = _Side(primary_config), _Side(mirror_config)
+    primary, mirror = _side(primary_config), _side(mirror_config)
     try:
         counts = primary.partitions(names)
         on_mirror = mirror.partitions(names.values())
         missing = [names[t] for t in counts if names[t] not in on_mirror]
-        unmirrored = {
-            topic: sum(_behind(primary, mirror, topic, names[topic], p) for p in range(n))
-            for topic, n in counts.items()
-            if names[topic] in on_mirror
-        }
+        unmirrored: dict[str, int] = {}
+        final_steps = 0
+        for topic, n in counts.items():
+            if names[topic] not in on_mirror:
+                continue
+            states = topic == layout.record_states
+            behind = [_behind(primary, mirror, topic, names[topic], p, values=states) for p in range(n)]
+            unmirrored[topic] = sum(count for count, _ in behind)
+            if states:
+                final_steps = sum(_final_steps(read) for _, read in behind)
         reread: dict[str, int] = {}
         for group, topics in loop_groups(app_id, layout).items():
             served = {t: counts[t] for t in topics if t in counts and names[t] in on_mirror}
             if not served:
                 continue
-            at_primary = primary.committed(group, served)
-            at_mirror = mirror.committed(group, {names[t]: n for t, n in served.items()})
+            at_primary = primary.committed(group, [(t, p) for t, n in served.items() for p in range(n)])
+            at_mirror = mirror.committed(group, [(names[t], p) for t, n in served.items() for p in range(n)])
             total = 0
             for (topic, partition), offset in at_primary.items():
                 translated = at_mirror.get((names[topic], partition))
@@ -231,7 +246,14 @@ def measure_mirror_lag(
                 else:
                     total += _reread(offset, mirror, primary, topic, names[topic], (partition, translated))
             reread[group] = total
-        return MirrorLag(at_ms=now_ms, unmirrored=unmirrored, reread=reread, missing=missing)
+        return MirrorLag(
+            at_ms=now_ms,
+            unmirrored=unmirrored,
+            reread=reread,
+            missing=missing,
+            accepted=unmirrored.get(layout.ingress, 0),
+            final_steps=final_steps,
+        )
     finally:
         primary.close()
         mirror.close()

@@ -447,7 +447,7 @@ class DelayEngine(Service):
                     now_ms=now_ms(),
                 )
                 self.mirror_lag = lag
-                self.metrics.set_mirror_lag(lag.unmirrored, lag.reread)
+                self.metrics.set_mirror_lag(lag.unmirrored, lag.reread, lag.final_steps)
                 log.info("%s", lag.line())
             except Exception as exc:  # the mirror unreachable costs a measure, never the engine
                 log.warning("could not measure the mirror's lag (%s: %s)", type(exc).__name__, exc)

@@ -16,36 +16,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    ConsumerGroupTopicPartitions,
-    KafkaError,
-    Message,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import OFFSET_BEGINNING, Message
 
 from delayapp.core import headers as h
 from delayapp.core.audit import FINAL, RecordStatus
 from delayapp.core.errors import HeaderError
 from delayapp.core.layout import TopicLayout, loop_groups
 from delayapp.core.takeover import Rank, TakeoverFence, final_rank, rank
+from delayapp.engine.partition_reader import TIMEOUT_S, PartitionKey, PartitionReader
 from delayapp.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_S = 15.0
 CLOCK_MARGIN_MS = 10_000  # a copy is written at or after its wake, by clocks that may differ this much
 NOT_AWAKE_RUN = 64  # a partition's records read past its commit stop after this many in a row not awake
-BATCH = 500
-
-PartitionKey = tuple[str, int]
 
 
 @dataclass
@@ -102,69 +90,8 @@ def _copy(message: Message, ingress: bool) -> tuple[str, Rank, int] | None:
     return state.record_id, rank(state.time_replayed, state.time_retried, state.delay_hops), state.awake_at
 
 
-class _Reader:
-    """One consumer without a group, reading partitions between offsets."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.consumer = Consumer(
-            {
-                **settings.librdkafka_connection(),
-                "group.id": f"{settings.app_id}.takeover-fence",  # never joins nor commits: assign() only
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "isolation.level": "read_committed",
-                "fetch.wait.max.ms": 50,
-            }
-        )
-
-    def ends(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
-        """Each partition's next offset (its high watermark)."""
-        found = {}
-        for topic, partition in keys:
-            _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=TIMEOUT_S)
-            found[(topic, partition)] = int(high)
-        return found
-
-    def offsets_at(self, keys: list[PartitionKey], at_ms: int) -> dict[PartitionKey, int]:
-        """Each partition's first offset at or after ``at_ms`` (-1: none)."""
-        asked = [TopicPartition(t, p, at_ms) for t, p in keys]
-        return {(tp.topic, tp.partition): tp.offset for tp in self.consumer.offsets_for_times(asked, timeout=TIMEOUT_S)}
-
-    def read(self, starts: Mapping[PartitionKey, int]) -> Iterator[Message]:
-        """The records of each partition from its start (an offset, or ``OFFSET_BEGINNING``) to
-        its end as its fetches report it (in no set order across partitions; the embedded
-        broker's ListOffsets under-reports ends, its fetches do not); a partition the caller
-        stops wanting is dropped by :meth:`stop`."""
-        self._open = set(starts)
-        if not self._open:
-            return
-        self.consumer.assign([TopicPartition(t, p, at) for (t, p), at in starts.items()])
-        try:
-            idle_since = time.monotonic()
-            while self._open:
-                messages = self.consumer.consume(BATCH, 0.1)  # a batch waits its whole timeout
-                if not messages and time.monotonic() - idle_since > TIMEOUT_S:
-                    log.warning("takeover fence: %d partitions gave nothing for %.0f s", len(self._open), TIMEOUT_S)
-                    return
-                for message in messages:
-                    idle_since = time.monotonic()
-                    key = (str(message.topic()), int(message.partition() or 0))
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            self._open.discard(key)
-                        continue
-                    if key in self._open:
-                        yield message
-        finally:
-            self.consumer.unassign()
-
-    def stop(self, key: PartitionKey) -> None:
-        """Read no more of ``key``."""
-        self._open.discard(key)
-
-    def close(self) -> None:
-        self.consumer.close()
+def _reader(settings: Settings) -> PartitionReader:
+    return PartitionReader(settings.librdkafka_connection(), group=f"{settings.app_id}.takeover-fence")
 
 
 def build_fence(settings: Settings, layout: TopicLayout, *, now_ms: int, times_kept: bool = True) -> FenceReport:
@@ -172,25 +99,22 @@ def build_fence(settings: Settings, layout: TopicLayout, *, now_ms: int, times_k
     ``times_kept``: the broker finds offsets by time (Apache Kafka; the embedded broker does not)."""
     started = time.monotonic()
     report = FenceReport()
-    admin = AdminClient(settings.librdkafka_connection())
-    reader = _Reader(settings)
+    reader = _reader(settings)
     try:
-        metadata = admin.list_topics(timeout=TIMEOUT_S)
-        partitions = {name: len(topic.partitions) for name, topic in metadata.topics.items()}
+        partitions = reader.partitions()
         fence = TakeoverFence()
         earliest: int | None = None
         # 1. what each loop would read again that is already awake: at risk (every group's
         # partitions read at once: a first start reads a few dozen empty partitions)
         starts: dict[PartitionKey, int] = {}
         for group, topics in loop_groups(settings.app_id, layout).items():
-            wanted = [TopicPartition(t, p) for t in topics if t in partitions for p in range(partitions[t])]
+            wanted = [(t, p) for t in topics if t in partitions for p in range(partitions[t])]
             if not wanted:
                 continue
-            asked = [ConsumerGroupTopicPartitions(group, wanted)]
-            committed = admin.list_consumer_group_offsets(asked)[group].result(timeout=TIMEOUT_S)
+            committed = reader.committed(group, wanted)
             # no commit (never synced, never committed): the loop reads the partition from its start
-            for tp in committed.topic_partitions:
-                starts[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            for key in wanted:
+                starts[key] = committed.get(key, OFFSET_BEGINNING)
         not_awake: dict[PartitionKey, int] = {}
         for message in reader.read(starts):
             report.scanned += 1
@@ -276,7 +200,7 @@ def clock_never_probed(settings: Settings, layout: TopicLayout) -> bool:
     """True where no worker ever wrote its clock probe on this cluster (every partition of the
     clock topic empty from its start): the clock topic is each cluster's own and never mirrored,
     so delayapp's other topics holding commits here means another cluster's work was copied in."""
-    reader = _Reader(settings)
+    reader = _reader(settings)
     try:
         metadata = reader.consumer.list_topics(layout.clock, timeout=TIMEOUT_S).topics.get(layout.clock)
         if metadata is None or metadata.error is not None:
