@@ -203,7 +203,10 @@ class Tasks:
         """The decision on ``entry`` (fetched from ``key``) at ``now``: a record a target refused
         for good is dead-lettered on the redo, any other decided by its kind."""
         if self.refused:
-            refusal = self.refused.pop((key, entry.offset), None)
+            # kept until committed past: a redo that fails in turn (under exactly_once the first
+            # transaction after a refusal's abort may fail for its sequence numbers) must
+            # dead-letter it again, or its careful redo finds it refused again, for ever
+            refusal = self.refused.get((key, entry.offset))
             if refusal is not None:
                 verdict, drop_value = refusal
                 return [self.handler.refused(as_record(entry), verdict, now=now, drop_value=drop_value)]
@@ -242,6 +245,12 @@ class Tasks:
         every partition it covers is committed past where it began."""
         with self.lock:
             self.parts.committed_to(offsets)
+        if self.refused:  # dead-lettered for good once committed past
+            self.refused = {
+                (key, at): refusal
+                for (key, at), refusal in self.refused.items()
+                if key not in offsets or offsets[key][0] <= at
+            }
         careful_until = self.careful_until
         if careful_until:
             for key, (offset, _) in offsets.items():

@@ -14,7 +14,8 @@ exception, and tells the writer with :meth:`Writer.drop_writes` that the writes 
 dropped (their partitions are redone from their commits). A write refused for good (too large
 for its target, not allowed there) makes the redo *careful*: each write then names its record,
 and the one refused is reported with the dropped writes (:class:`Dropped`), so that the redo
-dead-letters it, alone (the tasks hold that state: :meth:`delayapp.engine.tasks.Tasks.redo`).
+dead-letters it, alone (the tasks hold that state: :meth:`delayapp.engine.tasks.Tasks.redo`);
+a careful redo writes one record at a time, since a refused record batch fails every record in it.
 Nothing is written from inside a delivery report: a report only records what failed.
 
 The writer knows nothing of the processing guarantee: a step's events wait in
@@ -58,6 +59,8 @@ _REFUSED_FOR_GOOD = {
     KafkaError.POLICY_VIOLATION,
     KafkaError._INVALID_ARG,
 }
+
+CAREFUL_WRITE_WAIT_S = 10.0  # careful mode: how long a record's writes are waited for before the next's
 
 CountedEvent = AuditEvent | LeanDelivery
 """An event counted in the loop's statistics: the full path's audit event, or a lean delivery
@@ -149,15 +152,23 @@ class Writer:
     # -- writing ------------------------------------------------------------------------------------
 
     def emit(self, batch: Decided, *, careful: bool) -> None:
-        """Hand a batch's writes to librdkafka at once (``careful``: each names its record, see
-        the module), and keep the audit events of their published steps for the committer; the
-        writes are acknowledged as a whole by the committer. Each write is stamped with the
-        loop's clock (the broker's, from below): a target in CreateTime sees no record early,
-        whatever this worker's own clock says."""
+        """Hand a batch's writes to librdkafka at once (``careful``: each names its record and
+        waits for the one before, see the module), and keep the audit events of their published
+        steps for the committer; the writes are acknowledged as a whole by the committer. Each
+        write is stamped with the loop's clock (the broker's, from below): a target in
+        CreateTime sees no record early, whatever this worker's own clock says."""
         produce, hops = self.producer.produce, 0
         stamp = self.clock()
         spread, tick, salt = self.spread, self.tick_ms, self.salt
         for key, entry, outputs in batch:
+            if careful:
+                # one record's writes at a time: a broker refuses a record batch over
+                # max.message.bytes as a whole and librdkafka fails each record in it, so a
+                # record written beside the refused one would be dead-lettered with it
+                if len(self.producer):
+                    self.producer.flush(CAREFUL_WRITE_WAIT_S)
+                if self._send_error is not None:
+                    break  # a write failed: the rest are redone anyway, and written once then
             kind = type(outputs)
             if kind is LeanAdmitted:  # the ingress record, admitted: written with the state it now carries
                 admitted = cast(LeanAdmitted, outputs)
@@ -315,7 +326,15 @@ class Writer:
         if error is None:
             return
         if refused_for_good(error):
-            log.warning("%s: %s refused a record (%s); its redo dead-letters it", self.label, topic, error.name())
+            log.warning(
+                "%s: %s refused the record of %s[%d]@%d (%s); its redo dead-letters it",
+                self.label,
+                topic,
+                key[0],
+                key[1],
+                entry.offset,
+                error.name(),
+            )
             verdict = DeadLetter(Reason.UNDELIVERABLE, f"writing to {topic} failed: {error.name()}")
             self._refused[(key, entry.offset)] = (verdict, False)
         self.delivery_failed(error, message)

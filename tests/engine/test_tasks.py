@@ -137,8 +137,15 @@ def test_a_record_refused_for_good_is_dead_lettered_on_the_redo_and_the_redo_is_
     assert h.header_value(dead.headers, h.DEAD_LETTER_REASON) == b"undeliverable"
     # careful: the others take the full path (each write names its record)
     assert isinstance(delivered, Output) and delivered.topic == "sink"
-    assert not tasks.refused  # dead-lettered once
+    # that redo failed in turn (exactly_once: the transaction after an abort may fail for its
+    # sequence numbers): the next one dead-letters it again, never writes it to its target again
+    tasks.redo({KEY}, careful=True, refused={})
+    tasks.rewind([KEY], now_s=2.0)
+    tasks.take([routed(0, NOW, awake_at=NOW)])
+    ((_, _, (again,)),) = tasks.decide(2.0)[0]
+    assert isinstance(again, Output) and again.topic == LAYOUT.dead_letter
     tasks.committed_to({KEY: (1, "")})
+    assert not tasks.refused  # dead-lettered for good: committed past it
     assert tasks.careful  # not yet past what was fetched when the writes were dropped
     tasks.committed_to({KEY: (2, "")})
     assert not tasks.careful
