@@ -22,7 +22,8 @@ def fill(bootstrap: str, topic: str, per_partition: int, partitions: int) -> Non
     for partition in range(partitions):
         for n in range(per_partition):
             producer.produce(topic, f"{partition}-{n}".encode(), partition=partition)
-    assert producer.flush(30) == 0
+            # one record a batch: the embedded broker reports a wrong end after a multi-record batch
+            assert producer.flush(30) == 0
 
 
 async def test_it_reads_each_partition_from_its_start_to_its_end(bootstrap: str) -> None:
