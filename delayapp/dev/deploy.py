@@ -29,6 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import aiohttp
 from aiokafka import AIOKafkaProducer
@@ -701,8 +702,14 @@ def main(argv: list[str] | None = None) -> int:
     print(result.line())
     if isinstance(run, BrokerKill):
         print(f"GET /ready of the first worker answered, in order: {run.ready}")
-    if args.json:
-        with open(args.json, "w") as fh:
+    return exit_with(result, args.json)
+
+
+def exit_with(result: Any, json_path: str | None) -> int:
+    """A run's result written as JSON to ``json_path`` (None: not written); the command's exit
+    code: 0 if it is ``ok``."""
+    if json_path:
+        with open(json_path, "w") as fh:
             json.dump(asdict(result), fh, indent=2)
     return 0 if result.ok else 1
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import random
@@ -33,7 +32,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -54,7 +53,7 @@ from delayapp.dev.chaos.procs import (
     unique,
     wait_for,
 )
-from delayapp.dev.deploy import DeployConfig, RollingDeploy
+from delayapp.dev.deploy import DeployConfig, RollingDeploy, exit_with
 from delayapp.engine.mirror_lag import MirrorLag, measure_mirror_lag
 from delayapp.ops.status import fetch_status
 from delayapp.settings import load_settings
@@ -604,10 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     result = asyncio.run(RegionFailover(config, region, failback=args.failback).run())
     print(result.line())
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(asdict(result), out, indent=2)
-    return 0 if result.ok else 1
+    return exit_with(result, args.json)
 
 
 if __name__ == "__main__":
